@@ -1,0 +1,73 @@
+"""Writing result files atomically: a reader sees the old complete file or the new one.
+
+Each writer writes a temporary file in the destination's folder, flushes it to disk and
+renames it over the destination (``os.replace`` is atomic on POSIX and Windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any, Iterator
+
+from tfpar.errors import ConfigError
+
+
+def check_writable(path: str) -> None:
+    """Raises unless a file can be written at ``path``, before any work is done.
+
+    Raises:
+        ConfigError: If the folder does not exist, is not a folder, or is not writable, or
+            ``path`` is a folder.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"Output path {path!r} is a directory; give a file path such as "
+                          f"{os.path.join(path, 'results.json')!r}.")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"The folder of output path {path!r} does not exist: {folder!r}. "
+                          "Create it first or choose an existing folder.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"The folder of output path {path!r} is not writable: {folder!r}. "
+                          "Choose a folder you can write to.")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yields a temporary path to write; renames it over ``path`` if the block succeeds.
+
+    On an exception (including ``KeyboardInterrupt``) the temporary file is removed and
+    ``path`` is left as it was.
+
+    Args:
+        path: The destination file.
+
+    Yields:
+        The temporary path, in the same folder as ``path``.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes ``value`` as indented JSON to ``path`` atomically."""
+    write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")

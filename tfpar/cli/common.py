@@ -1,0 +1,74 @@
+"""Pieces shared by tfpar's command-line programs: user errors without tracebacks, parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+
+
+from tfpar import strategies
+from tfpar.errors import ConfigError
+from tfpar.errors import TfparError
+
+
+def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+    """Wraps an absl ``main`` so a user error prints one line and exits with status 2."""
+
+    @functools.wraps(main)
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except TfparError as e:
+            print(f"Error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    return wrapped
+
+
+def run_main(main: Callable[[list[str]], Any], flags_module: str) -> None:
+    """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
+
+    absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
+    tfpar's programs live in importable modules (so ``scripts/`` and console scripts share
+    them), so they are declared key flags of whichever file was run.
+    """
+    import tensorflow as tf  # After the program set TF_CPP_MIN_LOG_LEVEL (tfpar.cli).
+
+    # TensorFlow's Python logger repeats every cross-device reduction it sets up at INFO.
+    tf.get_logger().setLevel("WARNING")
+    for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(exit_cleanly(main))
+
+
+def parse_count(flag: str, text: str) -> int:
+    """Parses a positive integer flag item, e.g. one entry of ``--num_devices``.
+
+    Raises:
+        ConfigError: If ``text`` is not an integer >= 1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise ConfigError(f"{flag} takes positive integers such as 1,2. Received: {text!r}.")
+    return value
+
+
+def strategy_listing() -> str:
+    """Returns the registered strategies, one ``name: description`` per line."""
+    return "\n".join(f"{name}: {description}"
+                     for name, description in strategies.available().items())
+
+
+def jsonable(config: Any) -> dict[str, Any]:
+    """Returns a dataclass config as JSON-serialisable data."""
+    return dataclasses.asdict(config)
+
+

@@ -1,0 +1,25 @@
+"""The exceptions tfpar raises for bad input, so callers can tell user errors from bugs.
+
+Every message says what was wrong and what is allowed. Scripts catch :class:`TfparError`
+and print its message without a traceback.
+"""
+
+
+class TfparError(ValueError):
+    """Base class of tfpar's user-facing errors (bad arguments, impossible requests)."""
+
+
+class DeviceError(TfparError):
+    """A device set cannot be provided (unknown device, too many, too late to split)."""
+
+
+class RegistryError(TfparError):
+    """An unknown or duplicate registry name, or an option an entry does not accept."""
+
+
+class DatasetError(TfparError):
+    """A dataset cannot be loaded, or does not fit the model."""
+
+
+class ConfigError(TfparError):
+    """A training configuration value is out of range."""

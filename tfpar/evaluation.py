@@ -1,0 +1,44 @@
+"""Parallel evaluation: each replica scores its shard of every batch, the counts are summed.
+
+This is the seeds' ``evaluate_accuracy_gpus``: the result equals single-device evaluation
+(an exact count of correct predictions over every test example), whatever the number of
+replicas or the size of the last batch.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tfpar import data as data_lib
+
+
+def accuracy(model: keras.Model, dataset: tf.data.Dataset,
+             strategy: tf.distribute.Strategy) -> float:
+    """Returns the fraction of examples whose arg-max logit equals the label.
+
+    Args:
+        model: A model built under ``strategy``, mapping images to logits.
+        dataset: ``(image, label)`` batches of the global batch size.
+        strategy: The strategy the model was built under.
+
+    Returns:
+        Accuracy in [0, 1] (0 for an empty dataset).
+    """
+
+    def replica_counts(images, labels):
+        logits = model(images, training=False)
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(labels, tf.int32)), tf.int32))
+        return tf.stack([correct, tf.shape(labels)[0]])
+
+    @tf.function
+    def batch_counts(batch):
+        per_replica = strategy.run(replica_counts, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    totals = tf.zeros([2], tf.int64)
+    for batch in data_lib.distribute(strategy, dataset):
+        totals += tf.cast(batch_counts(batch), tf.int64)
+    correct, count = (int(v) for v in totals.numpy())
+    return correct / count if count else 0.0

@@ -1,0 +1,247 @@
+"""The strategy registry: names such as ``mirrored`` resolve to a ready ``tf.distribute`` strategy.
+
+An entry pairs a factory ``factory(devices, **options) -> tf.distribute.Strategy`` with what
+the rest of tfpar needs to know about it: a description, which training loop drives it
+(``"fit"``: Keras ``model.fit``; ``"allreduce"``: tfpar's hand-written loop), and whether it
+spans several processes. Users add entries with :func:`register` (also a decorator); other
+packages add them through the ``tfpar.strategies`` entry-point group, whose entries load a
+:class:`StrategyEntry` or a factory (registered under the entry point's name, described by the
+first line of its docstring).
+
+Example::
+
+    strategy = tfpar.strategies.get("mirrored", devices=2)
+    with strategy.scope():
+        model = ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from importlib import metadata
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from tfpar import devices as devices_lib
+from tfpar import keras_fixes
+from tfpar.errors import RegistryError
+
+ENTRY_POINT_GROUP = "tfpar.strategies"
+TRAINING_LOOPS = ("fit", "allreduce")
+
+Factory = Callable[..., tf.distribute.Strategy]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyEntry:
+    """One registry entry.
+
+    Attributes:
+        name: The name users select it by (``--strategy=name``).
+        factory: ``factory(devices: DeviceSet, **options) -> tf.distribute.Strategy``.
+        description: One line for listings and ``--help``.
+        training_loop: ``"fit"`` (Keras ``model.fit``) or ``"allreduce"`` (tfpar's loop).
+        multi_process: Whether the strategy spans several processes (workers).
+    """
+
+    name: str
+    factory: Factory
+    description: str = ""
+    training_loop: str = "fit"
+    multi_process: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """Returns the keyword options the factory accepts, with their defaults."""
+        params = list(inspect.signature(self.factory).parameters.values())[1:]
+        return {p.name: p.default for p in params
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+_REGISTRY: dict[str, StrategyEntry] = {}
+_entry_points_loaded = False
+
+
+def register(name: str, factory: Optional[Factory] = None, *, description: str = "",
+             training_loop: str = "fit", multi_process: bool = False,
+             override: bool = False):
+    """Registers a strategy factory under ``name``; usable as a decorator.
+
+    Args:
+        name: The registry name.
+        factory: ``factory(devices, **options)`` returning a ``tf.distribute.Strategy``.
+            Omit it to use ``register`` as a decorator.
+        description: One line; defaults to the first line of the factory's docstring.
+        training_loop: ``"fit"`` or ``"allreduce"``.
+        multi_process: Whether the strategy spans several processes.
+        override: Replace an existing entry of the same name instead of raising.
+
+    Returns:
+        The factory (so the decorator leaves the function usable), or the decorator.
+
+    Raises:
+        RegistryError: If ``name`` is taken and ``override`` is false, or an argument is invalid.
+    """
+    if factory is None:
+        return lambda f: register(name, f, description=description, training_loop=training_loop,
+                                  multi_process=multi_process, override=override)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RegistryError("A strategy name must be a non-empty identifier such as "
+                            f"'my_strategy'. Received: name={name!r}.")
+    if not callable(factory):
+        raise RegistryError(f"factory must be callable. Received: factory={factory!r}.")
+    if training_loop not in TRAINING_LOOPS:
+        raise RegistryError(f"training_loop must be one of {TRAINING_LOOPS}. "
+                            f"Received: training_loop={training_loop!r}.")
+    if name in _REGISTRY and not override:
+        raise RegistryError(f"A strategy named {name!r} is already registered; pass "
+                            "override=True to replace it.")
+    if not description:
+        description = (inspect.getdoc(factory) or "").split("\n")[0]
+    _REGISTRY[name] = StrategyEntry(name, factory, description, training_loop, multi_process)
+    return factory
+
+
+def unregister(name: str) -> None:
+    """Removes an entry (for tests and plugins that replace themselves).
+
+    Raises:
+        RegistryError: If there is no such entry.
+    """
+    entry(name)
+    del _REGISTRY[name]
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        loaded = ep.load()
+        if isinstance(loaded, StrategyEntry):
+            _REGISTRY[ep.name] = dataclasses.replace(loaded, name=ep.name)
+        else:
+            register(ep.name, loaded)
+
+
+def available() -> dict[str, str]:
+    """Returns ``{name: description}`` of every registered strategy, sorted by name."""
+    _load_entry_points()
+    return {name: _REGISTRY[name].description for name in sorted(_REGISTRY)}
+
+
+def entry(name: str) -> StrategyEntry:
+    """Returns the registry entry for ``name``.
+
+    Raises:
+        RegistryError: If no strategy has that name (the message lists those that exist).
+    """
+    _load_entry_points()
+    if name not in _REGISTRY:
+        raise RegistryError(f"Unknown strategy {name!r}. Available strategies: "
+                            f"{', '.join(sorted(_REGISTRY))}.")
+    return _REGISTRY[name]
+
+
+def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distribute.Strategy:
+    """Returns a ready strategy: the named entry built over ``devices``.
+
+    Args:
+        name: A registered strategy name (see :func:`available`).
+        devices: A device set, a count or device names (see :func:`tfpar.devices.resolve`).
+        **options: Options of that entry (see ``entry(name).options()``).
+
+    Returns:
+        The ``tf.distribute.Strategy``.
+
+    Raises:
+        RegistryError: If the name or an option is unknown.
+        DeviceError: If the device set cannot be provided.
+        TypeError: If the factory does not return a strategy.
+    """
+    chosen = entry(name)
+    allowed = chosen.options()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its options: "
+                            f"{', '.join(allowed) or 'none'}.")
+    device_set = devices_lib.resolve(devices)
+    keras_fixes.install()
+    strategy = chosen.factory(device_set, **options)
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"The factory of strategy {name!r} returned {strategy!r}, not a "
+                        "tf.distribute.Strategy.")
+    return strategy
+
+
+def _require_one_device(name: str, devices: devices_lib.DeviceSet) -> None:
+    if len(devices) != 1:
+        raise RegistryError(f"Strategy {name!r} runs on exactly one device. Received: {devices}. "
+                            "Use 'mirrored' or 'allreduce' for several devices.")
+
+
+@register("default")
+def _default(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """No distribution: TensorFlow's default strategy and placement (one device)."""
+    _require_one_device("default", devices)
+    return tf.distribute.get_strategy()
+
+
+@register("one_device")
+def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """OneDeviceStrategy: everything placed on the one device of the set."""
+    _require_one_device("one_device", devices)
+    return tf.distribute.OneDeviceStrategy(devices.tf_names[0])
+
+
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device")
+
+
+def make_cross_device_ops(kind: str, devices: devices_lib.DeviceSet) -> tf.distribute.CrossDeviceOps:
+    """Returns the cross-device reduction for a device set.
+
+    Args:
+        kind: One of ``CROSS_DEVICE_OPS``. ``"auto"`` picks NCCL when every device is a GPU
+            (the fast path on GPUs) and otherwise reduces on one device, which is what works
+            for CPUs and mixed CPU/GPU sets.
+        devices: The devices being reduced over.
+
+    Returns:
+        The ``tf.distribute.CrossDeviceOps`` instance.
+
+    Raises:
+        RegistryError: If ``kind`` is unknown, or NCCL is asked for on a set with non-GPUs.
+    """
+    if kind not in CROSS_DEVICE_OPS:
+        raise RegistryError(f"Unknown cross_device_ops {kind!r}. Allowed: "
+                            f"{', '.join(CROSS_DEVICE_OPS)}.")
+    if kind == "auto":
+        kind = "nccl" if devices.is_gpu_only and len(devices) > 1 else "reduction_to_one_device"
+    if kind in ("nccl", "hierarchical_copy") and not devices.is_gpu_only:
+        raise RegistryError(f"cross_device_ops={kind!r} needs GPUs only; {devices} has other "
+                            "devices. Use 'reduction_to_one_device' or 'auto'.")
+    if kind == "nccl":
+        return tf.distribute.NcclAllReduce()
+    if kind == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    return tf.distribute.ReductionToOneDevice()
+
+
+@register("mirrored")
+def _mirrored(devices: devices_lib.DeviceSet, cross_device_ops: str = "auto"
+              ) -> tf.distribute.Strategy:
+    """MirroredStrategy: one replica per device, gradients all-reduced, model.fit."""
+    return tf.distribute.MirroredStrategy(
+        devices.tf_names, cross_device_ops=make_cross_device_ops(cross_device_ops, devices))
+
+
+@register("central_storage")
+def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """CentralStorageStrategy: variables on one device (the CPU for GPU sets), compute mirrored."""
+    parameter_device = "/device:CPU:0" if devices.is_gpu_only else devices.tf_names[0]
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=devices.tf_names, parameter_device=parameter_device)

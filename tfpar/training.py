@@ -1,0 +1,232 @@
+"""Training runs: one configuration trained on each of several device sets, like the seeds.
+
+A :class:`TrainConfig` says what to train (model, dataset, optimizer, epochs) and how
+(a registry strategy). :func:`train_on_devices` runs it on one device set and returns a
+:class:`RunResult` with test accuracy and timing; :func:`train_each` does that for every device
+set, as the seeds' ``train(num_gpus=1)`` then ``train(num_gpus=2)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tfpar import data as data_lib
+from tfpar import devices as devices_lib
+from tfpar import evaluation
+from tfpar import models
+from tfpar import strategies
+from tfpar import timing
+from tfpar.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how. Batch size and learning rate are those of a one-device run.
+
+    Attributes:
+        strategy: Registry name of the strategy.
+        strategy_options: Options of that registry entry.
+        model: Model name (see ``tfpar.models.available()``).
+        dataset: Dataset name (see ``tfpar.data.available()``).
+        data_dir: TFDS data directory.
+        batch_size: Global batch size (over all replicas).
+        lr: Learning rate.
+        scale_with_devices: Multiply batch size and learning rate by the number of devices
+            (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
+        momentum: SGD momentum (0 is the seeds' plain SGD).
+        epochs: Training epochs.
+        seed: Seed of weights and shuffling.
+        sync_batchnorm: Compute BatchNorm statistics over the global batch.
+        verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
+    """
+
+    strategy: str = "mirrored"
+    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model: str = "lenet"
+    dataset: str = "fashion_mnist"
+    data_dir: Optional[str] = None
+    batch_size: int = 64
+    lr: float = 0.05
+    scale_with_devices: bool = False
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    epochs: int = 10
+    seed: int = 0
+    sync_batchnorm: bool = False
+    verbose: int = 1
+
+    def __post_init__(self):
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
+               f"batch_size must be an integer >= 1. Received: batch_size={self.batch_size!r}.")
+        _check(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
+               f"lr must be a finite number > 0. Received: lr={self.lr!r}.")
+        _check(isinstance(self.epochs, int) and self.epochs >= 1,
+               f"epochs must be an integer >= 1. Received: epochs={self.epochs!r}.")
+        _check(self.optimizer in OPTIMIZERS,
+               f"optimizer must be one of {', '.join(OPTIMIZERS)}. Received: {self.optimizer!r}.")
+        _check(0 <= self.momentum < 1, f"momentum must be in [0, 1). Received: {self.momentum!r}.")
+
+    def for_devices(self, num_devices: int) -> tuple[int, float]:
+        """Returns ``(global batch size, learning rate)`` for a set of ``num_devices``."""
+        if self.scale_with_devices:
+            return self.batch_size * num_devices, self.lr * num_devices
+        return self.batch_size, self.lr
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one training run on one device set measured.
+
+    Attributes:
+        strategy: Strategy name.
+        devices: Device names of the set.
+        model: Model name.
+        dataset: Dataset name.
+        global_batch_size: Examples per step over all replicas.
+        lr: Learning rate used.
+        epochs: Epochs trained.
+        test_accuracy: Accuracy on the test split after training.
+        sec_per_epoch: Mean seconds of the steady epochs (after the first).
+        first_epoch_seconds: Seconds of the first epoch (tracing included).
+        images_per_second: Training images per second over the steady epochs.
+        epoch_seconds: Seconds of every epoch.
+        history: Per-epoch training logs (loss, accuracy, ...).
+    """
+
+    strategy: str
+    devices: list[str]
+    model: str
+    dataset: str
+    global_batch_size: int
+    lr: float
+    epochs: int
+    test_accuracy: float
+    sec_per_epoch: float
+    first_epoch_seconds: float
+    images_per_second: float
+    epoch_seconds: list[float]
+    history: dict[str, list[float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the result as JSON-serialisable data."""
+        return dataclasses.asdict(self)
+
+
+def make_optimizer(config: TrainConfig, lr: float) -> keras.optimizers.Optimizer:
+    """Returns the configured Keras optimizer with learning rate ``lr``."""
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(lr)
+    return keras.optimizers.SGD(lr, momentum=config.momentum)
+
+
+def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
+                         strategy: tf.distribute.Strategy, lr: float) -> keras.Model:
+    """Builds and compiles the configured model under ``strategy``'s scope.
+
+    Raises:
+        DatasetError: If the dataset's images do not fit the model.
+    """
+    kwargs = {"synchronized_batchnorm": True} if config.sync_batchnorm else {}
+    with strategy.scope():
+        model = models.build(config.model, num_classes=splits.num_classes,
+                             input_shape=splits.image_shape, **kwargs)
+        data_lib.check_image_shape(splits, model.input_shape[1:])
+        model.compile(optimizer=make_optimizer(config, lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
+                     splits: Optional[data_lib.Splits] = None) -> RunResult:
+    """Trains the configured model on one device set and evaluates it.
+
+    Args:
+        config: The configuration.
+        devices: The device set (a count, names, or a ``DeviceSet``).
+        splits: The loaded dataset; loaded from ``config`` when ``None``.
+
+    Returns:
+        The :class:`RunResult`.
+
+    Raises:
+        TfparError: On bad configuration, devices, strategy or dataset.
+    """
+    device_set = devices_lib.resolve(devices)
+    entry = strategies.entry(config.strategy)
+    strategy = strategies.get(config.strategy, device_set, **config.strategy_options)
+    batch_size, lr = config.for_devices(len(device_set))
+    if batch_size < strategy.num_replicas_in_sync:
+        raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
+                          f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
+                          "least one example. Raise --batch_size.")
+    splits = splits or data_lib.load(config.dataset, config.data_dir)
+    logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
+                 config.model, device_set, config.strategy, strategy.num_replicas_in_sync,
+                 batch_size, lr)
+    keras.utils.set_random_seed(config.seed)
+    model = build_compiled_model(config, splits, strategy, lr)
+    train = data_lib.pipeline(splits.train, batch_size, shuffle=True, seed=config.seed)
+    timer = timing.EpochTimer(splits.num_train)
+    if entry.training_loop == "allreduce":
+        from tfpar import allreduce_loop  # The hand-written loop is only needed by its entries.
+        history = allreduce_loop.fit(model, train, epochs=config.epochs, strategy=strategy,
+                                     callbacks=[timer], verbose=config.verbose,
+                                     **allreduce_loop.loop_options(config.strategy_options))
+    else:
+        history = model.fit(train, epochs=config.epochs, callbacks=[timer],
+                            verbose=config.verbose)
+    test = data_lib.pipeline(splits.test, batch_size)
+    return RunResult(
+        strategy=config.strategy, devices=list(device_set.names), model=config.model,
+        dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
+        test_accuracy=evaluation.accuracy(model, test, strategy),
+        sec_per_epoch=timer.steady_epoch_seconds,
+        first_epoch_seconds=timer.first_epoch_seconds,
+        images_per_second=timer.steady_images_per_second,
+        epoch_seconds=list(timer.epoch_seconds),
+        history={k: [float(v) for v in vs] for k, vs in history.history.items()})
+
+
+def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
+               on_result=None) -> list[RunResult]:
+    """Trains on every device set in turn (the dataset is loaded once).
+
+    Every device set is resolved before TensorFlow runs anything, because the CPU cannot be
+    split into more logical devices after that.
+
+    Args:
+        config: The configuration.
+        device_sets: Device sets, e.g. ``[1, 2]``.
+        on_result: Called with each :class:`RunResult` as soon as it is measured.
+
+    Returns:
+        The results, in the order of ``device_sets``.
+
+    Raises:
+        TfparError: On bad configuration, devices, strategy or dataset.
+    """
+    if not device_sets:
+        raise ConfigError("Give at least one device set, e.g. [1, 2].")
+    resolved = [devices_lib.resolve(spec) for spec in device_sets]
+    splits = data_lib.load(config.dataset, config.data_dir)
+    results = []
+    for device_set in resolved:
+        results.append(train_on_devices(config, device_set, splits))
+        if on_result:
+            on_result(results[-1])
+    return results
