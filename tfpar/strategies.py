@@ -44,6 +44,8 @@ class StrategyEntry:
         description: One line for listings and ``--help``.
         training_loop: ``"fit"`` (Keras ``model.fit``) or ``"allreduce"`` (tfpar's loop).
         multi_process: Whether the strategy spans several processes (workers).
+        max_devices: The most devices one process may give it (``None``: no limit).
+        requires_gpu: Whether it only runs on GPUs.
     """
 
     name: str
@@ -51,6 +53,8 @@ class StrategyEntry:
     description: str = ""
     training_loop: str = "fit"
     multi_process: bool = False
+    max_devices: Optional[int] = None
+    requires_gpu: bool = False
 
     def options(self) -> dict[str, Any]:
         """Returns the keyword options the factory accepts, with their defaults."""
@@ -65,6 +69,7 @@ _entry_points_loaded = False
 
 def register(name: str, factory: Optional[Factory] = None, *, description: str = "",
              training_loop: str = "fit", multi_process: bool = False,
+             max_devices: Optional[int] = None, requires_gpu: bool = False,
              override: bool = False):
     """Registers a strategy factory under ``name``; usable as a decorator.
 
@@ -75,6 +80,8 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
         description: One line; defaults to the first line of the factory's docstring.
         training_loop: ``"fit"`` or ``"allreduce"``.
         multi_process: Whether the strategy spans several processes.
+        max_devices: The most devices one process may give it (``None``: no limit).
+        requires_gpu: Whether it only runs on GPUs.
         override: Replace an existing entry of the same name instead of raising.
 
     Returns:
@@ -85,7 +92,8 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
     """
     if factory is None:
         return lambda f: register(name, f, description=description, training_loop=training_loop,
-                                  multi_process=multi_process, override=override)
+                                  multi_process=multi_process, max_devices=max_devices,
+                                  requires_gpu=requires_gpu, override=override)
     if not isinstance(name, str) or not name.isidentifier():
         raise RegistryError("A strategy name must be a non-empty identifier such as "
                             f"'my_strategy'. Received: name={name!r}.")
@@ -99,7 +107,8 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
                             "override=True to replace it.")
     if not description:
         description = (inspect.getdoc(factory) or "").split("\n")[0]
-    _REGISTRY[name] = StrategyEntry(name, factory, description, training_loop, multi_process)
+    _REGISTRY[name] = StrategyEntry(name, factory, description, training_loop, multi_process,
+                                    max_devices, requires_gpu)
     return factory
 
 
@@ -170,6 +179,9 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
         raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its options: "
                             f"{', '.join(allowed) or 'none'}.")
     device_set = devices_lib.resolve(devices)
+    if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
+        raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "
+                            f"Received: {device_set}. Use 'mirrored' or 'allreduce' for more.")
     keras_fixes.install()
     strategy = chosen.factory(device_set, **options)
     if not isinstance(strategy, tf.distribute.Strategy):
@@ -178,23 +190,15 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     return strategy
 
 
-def _require_one_device(name: str, devices: devices_lib.DeviceSet) -> None:
-    if len(devices) != 1:
-        raise RegistryError(f"Strategy {name!r} runs on exactly one device. Received: {devices}. "
-                            "Use 'mirrored' or 'allreduce' for several devices.")
-
-
-@register("default")
+@register("default", max_devices=1)
 def _default(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """No distribution: TensorFlow's default strategy and placement (one device)."""
-    _require_one_device("default", devices)
     return tf.distribute.get_strategy()
 
 
-@register("one_device")
+@register("one_device", max_devices=1)
 def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """OneDeviceStrategy: everything placed on the one device of the set."""
-    _require_one_device("one_device", devices)
     return tf.distribute.OneDeviceStrategy(devices.tf_names[0])
 
 
@@ -245,3 +249,23 @@ def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     parameter_device = "/device:CPU:0" if devices.is_gpu_only else devices.tf_names[0]
     return tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=devices.tf_names, parameter_device=parameter_device)
+
+
+@register("allreduce", training_loop="allreduce")
+def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
+               bytes_per_pack: int = 25 * 2**20, steps_per_execution: int = 1,
+               split_weights: Optional[tuple[float, ...]] = None,
+               cross_device_ops: str = "auto") -> tf.distribute.Strategy:
+    """Hand-written loop: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
+    from tfpar import allreduce  # The loop's options are checked here, before any training.
+    from tfpar import allreduce_loop
+
+    allreduce.check_algorithm(algorithm)
+    strategy = _mirrored(devices, cross_device_ops)
+    if split_weights is not None:
+        allreduce_loop.check_split_weights(split_weights, strategy)
+    if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
+        raise RegistryError("steps_per_execution must be an integer >= 1. "
+                            f"Received: {steps_per_execution!r}.")
+    del bytes_per_pack  # Any int works: <= 0 means one reduction per variable.
+    return strategy

@@ -1,0 +1,295 @@
+"""The hand-written data-parallel training loop (the seeds' from-scratch chapter, in TensorFlow).
+
+One step, on every replica at once::
+
+    global batch --split--> replica shards        (the strategy's distributed dataset, or
+                                                   split_weights for unequal devices)
+    each replica:  forward, loss, backward         (tf.GradientTape on its shard)
+    all replicas:  all-reduce the gradient sums    (tfpar.allreduce: collective | naive | ring)
+    each replica:  the same update                 (the optimizer, applied once per replica)
+
+The gradient is exact: each replica differentiates the *sum* of its examples' losses, the sums
+and the example counts are all-reduced together, and the total is divided by the global count.
+So uneven shards (a last partial batch, a batch that does not divide by the number of
+replicas, an empty shard) weigh every example equally, unlike Keras ``fit``, which averages
+the replicas' means. Gradient clipping applies to the reduced gradient.
+
+The optimizer must not reduce a second time: Keras 3's TensorFlow optimizer all-reduces
+gradients itself whenever ``apply`` runs in a replica context, and cannot run ``apply`` in a
+cross-replica context. The loop therefore leaves the replica context with
+``ReplicaContext.merge_call`` and updates each replica's copy of each variable with that
+replica's copy of the reduced gradient through ``strategy.extended.update`` and the
+optimizer's public ``update_step`` (then counts the step in ``optimizer.iterations``).
+Optimizer features applied outside ``update_step`` (weight decay, EMA, gradient accumulation,
+loss scaling) are refused with a clear error rather than silently skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import allreduce
+from tfpar import data as data_lib
+from tfpar.errors import ConfigError
+
+_LOOP_OPTIONS = ("algorithm", "bytes_per_pack", "steps_per_execution", "split_weights")
+
+
+def loop_options(strategy_options: dict[str, Any]) -> dict[str, Any]:
+    """Returns the options of a registry entry that configure the loop rather than the strategy."""
+    return {k: v for k, v in strategy_options.items() if k in _LOOP_OPTIONS}
+
+
+def split_sizes(batch_size: tf.Tensor, weights: Sequence[float]) -> tf.Tensor:
+    """Splits ``batch_size`` examples by ``weights`` (largest remainders get the spare ones).
+
+    Args:
+        batch_size: Scalar int32 tensor.
+        weights: Positive per-replica weights.
+
+    Returns:
+        int32 sizes, one per weight, summing to ``batch_size``.
+    """
+    w = tf.constant(np.asarray(weights, np.float64) / np.sum(weights))
+    exact = tf.cast(batch_size, tf.float64) * w
+    sizes = tf.cast(tf.floor(exact), tf.int32)
+    spare = batch_size - tf.reduce_sum(sizes)
+    order = tf.argsort(exact - tf.floor(exact), direction="DESCENDING", stable=True)
+    bonus = tf.scatter_nd(order[:, None], tf.cast(tf.range(len(weights)) < spare, tf.int32),
+                          [len(weights)])
+    return sizes + bonus
+
+
+def check_split_weights(weights: Optional[Sequence[float]], strategy: tf.distribute.Strategy
+                        ) -> Optional[list[float]]:
+    """Returns the weights as floats after checking there is one positive weight per replica.
+
+    Raises:
+        ConfigError: If not, or if the strategy spans several workers.
+    """
+    if weights is None:
+        return None
+    weights = [float(w) for w in weights]
+    if len(weights) != strategy.num_replicas_in_sync or min(weights) <= 0:
+        raise ConfigError(f"split_weights needs one positive weight per replica "
+                          f"({strategy.num_replicas_in_sync}). Received: {weights}.")
+    if len(strategy.extended.worker_devices) != strategy.num_replicas_in_sync:
+        raise ConfigError("split_weights works within one process, not across workers.")
+    return weights
+
+
+def _per_example_loss(model: keras.Model):
+    loss = model.loss
+    if loss is None:
+        raise ConfigError("Compile the model with a loss before training it with the "
+                          "all-reduce loop, e.g. model.compile(optimizer=..., loss=...).")
+    if isinstance(loss, (dict, list, tuple)):
+        raise ConfigError("The all-reduce loop supports one loss for one output. Received: "
+                          f"loss={loss!r}.")
+    loss = keras.losses.get(loss)
+    # A Loss object's call() is its unreduced, per-example loss; plain loss functions already
+    # return per-example values.
+    return loss.call if isinstance(loss, keras.losses.Loss) else loss
+
+
+def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
+    """Raises for optimizer features the loop's update path does not apply.
+
+    Raises:
+        ConfigError: For weight decay, EMA, gradient accumulation or loss scaling.
+    """
+    unsupported = {
+        "weight_decay": getattr(optimizer, "weight_decay", None),
+        "use_ema": getattr(optimizer, "use_ema", False),
+        "gradient_accumulation_steps": getattr(optimizer, "gradient_accumulation_steps", None),
+        "loss scaling (LossScaleOptimizer)": isinstance(optimizer,
+                                                        keras.optimizers.LossScaleOptimizer),
+    }
+    used = [name for name, value in unsupported.items() if value]
+    if used:
+        raise ConfigError(f"The all-reduce loop does not support optimizer {', '.join(used)}. "
+                          "Use an optimizer without it, or the 'mirrored' strategy with fit.")
+
+
+def _clip(optimizer: keras.optimizers.Optimizer, grads: list) -> list:
+    if optimizer.global_clipnorm:
+        return tf.clip_by_global_norm(grads, optimizer.global_clipnorm)[0]
+    if optimizer.clipnorm:
+        return [tf.clip_by_norm(g, optimizer.clipnorm) for g in grads]
+    if optimizer.clipvalue:
+        return [tf.clip_by_value(g, -optimizer.clipvalue, optimizer.clipvalue) for g in grads]
+    return grads
+
+
+class _Step:
+    """Builds the compiled multi-step training function for one model and strategy."""
+
+    def __init__(self, model, strategy, algorithm, bytes_per_pack, steps_per_execution,
+                 split_weights):
+        self.model = model
+        self.strategy = strategy
+        self.algorithm = algorithm
+        self.bytes_per_pack = bytes_per_pack
+        self.steps_per_execution = steps_per_execution
+        self.split_weights = split_weights
+        self.loss_fn = _per_example_loss(model)
+        self.optimizer = model.optimizer
+        # Running totals of the epoch: [loss sum, correct predictions, examples].
+        self.totals = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="totals")
+        self.function = tf.function(self._run_steps)
+
+    def _replica_step(self, x, y):
+        model, optimizer = self.model, self.optimizer
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            per_example = tf.cast(self.loss_fn(y, y_pred), tf.float32)
+            count = tf.cast(tf.shape(per_example)[0], tf.float32)
+            loss_sum = tf.reduce_sum(per_example)
+            # Regularisation counts once per example, so the global objective is
+            # mean(per-example loss) + regularisation, as in single-device training.
+            if model.losses:
+                loss_sum += tf.add_n(model.losses) * count
+            objective = loss_sum
+        grads = tape.gradient(objective, variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        correct = tf.constant(0.0)
+        if len(y_pred.shape) == 2 and len(y.shape) == 1:
+            predicted = tf.argmax(y_pred, axis=-1, output_type=tf.int32)
+            correct = tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(y, tf.int32)),
+                                            tf.float32))
+        stats = tf.stack([loss_sum, correct, count])
+        # The statistics travel in the same all-reduce as the gradients.
+        reduced = allreduce.all_reduce_sum([stats] + [grads[i] for i in present],
+                                           self.algorithm, self.bytes_per_pack)
+        stats, reduced_grads = reduced[0], reduced[1:]
+        scale = 1.0 / tf.maximum(stats[2], 1.0)
+        reduced_grads = _clip(optimizer, [g * tf.cast(scale, g.dtype) for g in reduced_grads])
+        present_vars = [variables[i] for i in present]
+
+        def apply(strategy, grads):
+            # Cross-replica context: each replica's copy of each variable is updated with that
+            # replica's copy of the (already reduced) gradient, and nothing is reduced again.
+            learning_rate = optimizer.learning_rate
+            for grad, variable in zip(grads, present_vars):
+                strategy.extended.update(variable.value, self._update, group=False,
+                                         args=(grad, learning_rate, variable.constraint))
+            optimizer.iterations.assign_add(1)
+
+        tf.distribute.get_replica_context().merge_call(apply, args=(reduced_grads,))
+        return stats
+
+    def _update(self, variable, grad, learning_rate, constraint):
+        self.optimizer.update_step(grad, variable, learning_rate)
+        if constraint is not None:
+            variable.assign(constraint(variable))
+
+    def _distribute_batch(self, batch):
+        x, y = batch
+        sizes = split_sizes(tf.shape(y)[0], self.split_weights)
+        xs, ys = tf.split(x, sizes), tf.split(y, sizes)
+        return (self.strategy.experimental_distribute_values_from_function(
+                    lambda ctx: xs[ctx.replica_id_in_sync_group]),
+                self.strategy.experimental_distribute_values_from_function(
+                    lambda ctx: ys[ctx.replica_id_in_sync_group]))
+
+    def _run_steps(self, iterator):
+        steps = tf.constant(0)
+        for _ in tf.range(self.steps_per_execution):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            batch = optional.get_value()
+            if self.split_weights is not None:
+                batch = self._distribute_batch(batch)
+            stats = self.strategy.run(self._replica_step, args=batch)
+            # Every replica holds the same reduced statistics: take the first local copy.
+            self.totals.assign_add(tf.cast(
+                self.strategy.experimental_local_results(stats)[0], tf.float64))
+            steps += 1
+        return steps
+
+    def logs(self) -> dict[str, float]:
+        loss_sum, correct, count = self.totals.numpy()
+        count = max(count, 1.0)
+        return {"loss": loss_sum / count, "accuracy": correct / count}
+
+
+def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
+        strategy: Optional[tf.distribute.Strategy] = None,
+        callbacks: Optional[Sequence[keras.callbacks.Callback]] = None, verbose: int = 1,
+        algorithm: str = "collective", bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
+        steps_per_execution: int = 1, split_weights: Optional[Sequence[float]] = None,
+        initial_epoch: int = 0) -> keras.callbacks.History:
+    """Trains a compiled model with the hand-written all-reduce loop, like ``model.fit``.
+
+    Keras callbacks, progress bars and ``History`` work as with ``fit``; the logs hold ``loss``
+    (mean per-example loss of the epoch so far) and ``accuracy`` (for class-id labels).
+
+    Args:
+        model: A model built and compiled (optimizer, loss) under ``strategy``'s scope.
+        dataset: ``(x, y)`` batches of the global batch size.
+        epochs: Index of the last epoch to train (as in ``fit``).
+        strategy: The strategy; the model's own by default.
+        callbacks: Keras callbacks.
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch.
+        algorithm: All-reduce algorithm, one of ``tfpar.allreduce.ALGORITHMS``.
+        bytes_per_pack: Gradient bucket size in bytes (0: one reduction per variable).
+        steps_per_execution: Training steps per compiled call.
+        split_weights: Per-replica shares of each batch (e.g. ``[3, 1]`` for a fast and a slow
+            device); an even split when ``None``.
+        initial_epoch: Epoch to start from (for resumed training).
+
+    Returns:
+        The ``History`` callback.
+
+    Raises:
+        ConfigError: If an argument is invalid or the model is not compiled.
+        RegistryError: If ``algorithm`` is unknown.
+    """
+    strategy = strategy or model.distribute_strategy
+    allreduce.check_algorithm(algorithm)
+    if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
+        raise ConfigError("steps_per_execution must be an integer >= 1. "
+                          f"Received: {steps_per_execution!r}.")
+    if model.optimizer is None:
+        raise ConfigError("Compile the model (optimizer and loss) before training it.")
+    check_optimizer(model.optimizer)
+    split_weights = check_split_weights(split_weights, strategy)
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)  # Slots exist before tracing.
+    step = _Step(model, strategy, algorithm, bytes_per_pack, steps_per_execution, split_weights)
+    distributed = (dataset if split_weights is not None
+                   else data_lib.distribute(strategy, dataset))
+    steps_per_epoch = int(dataset.cardinality()) if dataset.cardinality() >= 0 else None
+    callback_list = keras.callbacks.CallbackList(
+        callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
+        steps=steps_per_epoch, model=model)
+    model.stop_training = False
+    callback_list.on_train_begin()
+    logs = {}
+    for epoch in range(initial_epoch, epochs):
+        step.totals.assign(tf.zeros([3], tf.float64))
+        callback_list.on_epoch_begin(epoch)
+        iterator = iter(distributed)
+        batch = 0
+        while True:
+            callback_list.on_train_batch_begin(batch)
+            ran = int(step.function(iterator))
+            if ran == 0:
+                break
+            batch += ran
+            logs = step.logs()
+            callback_list.on_train_batch_end(batch - 1, logs)
+            if model.stop_training:
+                break
+        logs = dict(step.logs())
+        callback_list.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
+    return model.history

@@ -1,0 +1,155 @@
+"""``StrategyTestCase``, the per-strategy parameterisation and the device set-up for tests."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar import devices
+from tfpar import strategies
+from tfpar.errors import DeviceError
+from tfpar.testing import equivalence
+
+
+def ensure_devices(count: int) -> None:
+    """Provides at least ``count`` logical CPU devices; call it before TensorFlow runs an op.
+
+    Call it at module import (or in ``setUpModule``), or let the pytest plugin do it with
+    ``--tfpar-devices=N``: pytest imports many test modules into one process, and the first
+    TensorFlow op fixes the device count for all of them.
+
+    Args:
+        count: Number of logical CPU devices needed.
+
+    Raises:
+        DeviceError: If TensorFlow has already initialised with fewer devices; the message
+            says how to fix it.
+    """
+    try:
+        devices.ensure_logical_cpus(count)
+    except DeviceError as e:
+        raise DeviceError(
+            f"{e} In a test suite: call tfpar.testing.ensure_devices({count}) at the top of the "
+            f"test module, or run pytest with --tfpar-devices={count} (or set tfpar_devices = "
+            f"{count} in the [pytest] section of your config).") from None
+
+
+def _skip_reason(name: str, num_devices: int) -> Optional[str]:
+    entry = strategies.entry(name)
+    if entry.multi_process:
+        return (f"strategy {name!r} runs several worker processes; test it with "
+                "tfpar.multi_worker's launcher instead of in-process")
+    if entry.max_devices is not None and num_devices > entry.max_devices:
+        return f"strategy {name!r} runs on at most {entry.max_devices} device(s)"
+    if entry.requires_gpu and devices.gpu_count() < num_devices:
+        return f"strategy {name!r} needs {num_devices} GPU(s); this machine has {devices.gpu_count()}"
+    if num_devices > devices.logical_cpu_count() and devices.gpu_count() < num_devices:
+        return (f"{num_devices} devices asked for but only {devices.logical_cpu_count()} logical "
+                f"CPU devices exist; run pytest with --tfpar-devices={num_devices}")
+    return None
+
+
+def for_each_strategy(num_devices: Iterable[int] = (1, 2),
+                      names: Optional[Iterable[str]] = None) -> Callable:
+    """Parameterises a test over registry strategies and device counts.
+
+    The test receives ``strategy_name`` and ``num_devices``; cases are named
+    ``test_<name>_<strategy>_<count>``. Combinations that cannot run here (several processes,
+    too many devices for the entry, missing GPUs) still appear, and skip with the reason.
+
+    Args:
+        num_devices: Device counts to run each strategy on.
+        names: Strategy names (every registered one when ``None``).
+
+    Returns:
+        A decorator for test methods of a :class:`StrategyTestCase`.
+    """
+    chosen = list(names) if names is not None else list(strategies.available())
+    cases = [{"testcase_name": f"_{name}_{count}", "strategy_name": name, "num_devices": count}
+             for name in chosen for count in num_devices]
+    return parameterized.named_parameters(*cases)
+
+
+class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
+    """A ``tf.test.TestCase`` with strategies by name and distributed-training assertions.
+
+    Attributes:
+        NUM_DEVICES: Logical CPU devices the class needs; provided in ``setUpClass`` when
+            TensorFlow has not initialised yet (else see :func:`ensure_devices`).
+    """
+
+    NUM_DEVICES = 2
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        ensure_devices(cls.NUM_DEVICES)
+
+    def strategy(self, name: str, num_devices: int = 2, **options) -> tf.distribute.Strategy:
+        """Returns ``tfpar.strategies.get(name, num_devices)``, or skips the test with the reason
+        the combination cannot run on this machine."""
+        reason = _skip_reason(name, num_devices)
+        if reason:
+            self.skipTest(reason)
+        return strategies.get(name, num_devices, **options)
+
+    def assertReplicasInSync(self, model: keras.Model, rtol: float = 0.0,
+                             atol: float = 0.0) -> None:
+        """Asserts every replica holds the same value of every variable of ``model``.
+
+        Args:
+            model: A model built under a strategy scope.
+            rtol: Relative tolerance (0: bit-identical).
+            atol: Absolute tolerance.
+        """
+        strategy = model.distribute_strategy
+        for variable in model.variables:
+            copies = [np.asarray(v) for v in
+                      strategy.experimental_local_results(getattr(variable, "value", variable))]
+            for replica, copy in enumerate(copies[1:], start=1):
+                self.assertAllClose(copies[0], copy, rtol=rtol, atol=atol,
+                                    msg=f"{variable.path}: replica {replica} differs from replica 0")
+
+    def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
+                                  dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
+                                  *, strategy_name: Optional[str] = None,
+                                  train: Optional[equivalence.TrainFn] = None,
+                                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
+        """Asserts training under ``strategy`` equals training on one device.
+
+        ``model_fn`` is called twice: outside any strategy (the reference) and under
+        ``strategy``; both models start from the reference's initial weights, train one pass
+        over ``dataset`` (the same global batches), and must end with the same losses and
+        weights, and the distributed one with every replica in sync.
+
+        Args:
+            model_fn: Returns a new compiled model (new optimizer too).
+            dataset: Global batches (e.g. :func:`tiny_dataset`); a few steps suffice.
+            strategy: The strategy under test.
+            strategy_name: Registry name of ``strategy``; selects the training function that
+                drives it (``model.fit`` or tfpar's all-reduce loop).
+            train: The training function under ``strategy``, overriding ``strategy_name``.
+            rtol: Relative tolerance.
+            atol: Absolute tolerance.
+        """
+        if train is None:
+            train = (equivalence.train_steps(strategy_name) if strategy_name
+                     else equivalence.fit_steps)
+        reference = model_fn()
+        initial = reference.get_weights()
+        with strategy.scope():
+            model = model_fn()
+        model.set_weights(initial)
+        expected_losses = equivalence.fit_steps(reference, dataset, tf.distribute.get_strategy())
+        losses = train(model, dataset, strategy)
+        self.assertAllClose(expected_losses, losses, rtol=rtol, atol=atol,
+                            msg="per-step losses differ from single-device training")
+        for expected, actual, variable in zip(reference.get_weights(), model.get_weights(),
+                                              model.weights):
+            self.assertAllClose(expected, actual, rtol=rtol, atol=atol,
+                                msg=f"{variable.path} differs from single-device training")
+        self.assertReplicasInSync(model, rtol=rtol, atol=atol)
