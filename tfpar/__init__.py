@@ -12,3 +12,17 @@ CPU into logical devices before TensorFlow initialises.
 """
 
 __version__ = "0.1.0"
+
+import importlib
+
+_SUBMODULES = ("allreduce", "allreduce_loop", "atomic_io", "data", "devices", "errors",
+               "evaluation", "keras_fixes", "models", "report", "strategies", "testing",
+               "timing", "training")
+
+
+def __getattr__(name):
+    # `import tfpar; tfpar.strategies.get(...)` works without importing TensorFlow at
+    # `import tfpar` time (which would be too early to split the CPU into devices).
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfpar.{name}")
+    raise AttributeError(f"module 'tfpar' has no attribute {name!r}")

@@ -256,7 +256,7 @@ def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
     if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
         raise ConfigError("steps_per_execution must be an integer >= 1. "
                           f"Received: {steps_per_execution!r}.")
-    if model.optimizer is None:
+    if getattr(model, "optimizer", None) is None:
         raise ConfigError("Compile the model (optimizer and loss) before training it.")
     check_optimizer(model.optimizer)
     split_weights = check_split_weights(split_weights, strategy)

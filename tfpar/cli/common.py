@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from absl import app
 from absl import flags
@@ -59,6 +59,44 @@ def parse_count(flag: str, text: str) -> int:
     if value is None or value < 1:
         raise ConfigError(f"{flag} takes positive integers such as 1,2. Received: {text!r}.")
     return value
+
+
+def parse_positive_float(flag: str, text: str) -> float:
+    """Parses one item of a list flag of positive numbers (e.g. ``--split_weights``).
+
+    Raises:
+        ConfigError: If ``text`` is not a number > 0.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"{flag} takes positive numbers such as 3,1. Received: {text!r}.")
+    return value
+
+
+def strategy_options(strategy: str, values: dict[str, Any],
+                     flag_names: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Returns the flag values that the strategy's registry entry takes as options.
+
+    Args:
+        strategy: The registry name.
+        values: Option name to flag value.
+        flag_names: Option name to flag name, where they differ.
+
+    Raises:
+        RegistryError: If the strategy is unknown.
+        ConfigError: If a flag was given on the command line that the strategy does not take.
+    """
+    accepted = strategies.entry(strategy).options()
+    flag_names = flag_names or {}
+    for option in values:
+        flag = flag_names.get(option, option)
+        if option not in accepted and flags.FLAGS[flag].present:
+            raise ConfigError(f"--{flag} does not apply to strategy {strategy!r}; its options "
+                              f"are: {', '.join(accepted) or 'none'}.")
+    return {k: v for k, v in values.items() if k in accepted}
 
 
 def strategy_listing() -> str:

@@ -48,6 +48,14 @@ flags.DEFINE_enum("cross_device_ops", "auto",
                   ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device"],
                   "Gradient reduction of the 'mirrored' strategy; auto: NCCL on GPUs, "
                   "reduction to one device otherwise.")
+flags.DEFINE_enum("allreduce", "collective", ["collective", "naive", "ring"],
+                  "All-reduce algorithm of the 'allreduce' strategy's hand-written loop.")
+flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
+                     "'allreduce': gradient bucket size in bytes (0: one reduction per variable).")
+flags.DEFINE_integer("steps_per_execution", 1, "'allreduce': training steps per compiled call.")
+flags.DEFINE_list("split_weights", None,
+                  "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
+                  "device (an even split if unset).")
 flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
@@ -60,7 +68,12 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
     """
     device_sets = ([FLAGS.devices] if FLAGS.devices
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
-    options = {"cross_device_ops": FLAGS.cross_device_ops} if FLAGS.strategy == "mirrored" else {}
+    options = common.strategy_options(FLAGS.strategy, {
+        "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
+        "bytes_per_pack": FLAGS.bytes_per_pack, "steps_per_execution": FLAGS.steps_per_execution,
+        "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
+                                for w in FLAGS.split_weights) if FLAGS.split_weights else None),
+    }, flag_names={"algorithm": "allreduce"})
     config = training.TrainConfig(
         strategy=FLAGS.strategy, strategy_options=options, model=FLAGS.model,
         dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,

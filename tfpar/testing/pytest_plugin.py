@@ -21,3 +21,15 @@ def pytest_configure(config):
     from tfpar.testing.case import ensure_devices  # Imports TensorFlow only when asked to.
 
     ensure_devices(int(count))
+
+
+def pytest_collection_modifyitems(config, items):
+    # tf.test.TestCase inherits TensorFlow's `test_session` context manager, which pytest
+    # collects and reports as a skipped "Not a test" in every test class.
+    kept = [item for item in items
+            if not (item.name == "test_session"
+                    and getattr(getattr(item, "function", None), "__module__", "")
+                    .startswith("tensorflow."))]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

@@ -1,0 +1,70 @@
+"""Tests of device sets: counts, names, logical CPU splitting and its errors.
+
+The pytest plugin splits the CPU into 4 logical devices before this module is imported
+(``tfpar_devices = 4`` in setup.cfg).
+"""
+
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar import devices
+from tfpar.errors import DeviceError
+
+
+class ResolveTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_count_gives_logical_cpus_without_gpus(self):
+        device_set = devices.resolve(2)
+        self.assertEqual(device_set.names, ("CPU:0", "CPU:1"))
+        self.assertEqual(str(device_set), "[CPU:0, CPU:1]")
+        self.assertEqual(device_set.tf_names, ["/device:CPU:0", "/device:CPU:1"])
+        self.assertEqual(len(tf.config.list_logical_devices("CPU")), 4)
+
+    @parameterized.parameters("CPU:0,CPU:1", "cpu:0, /device:CPU:1",
+                              "/job:localhost/replica:0/task:0/device:CPU:1,CPU:0")
+    def test_names(self, text):
+        self.assertCountEqual(devices.resolve(text).names, ("CPU:0", "CPU:1"))
+
+    def test_parse(self):
+        self.assertEqual(devices.parse("3"), 3)
+        self.assertEqual(devices.parse("GPU:0, GPU:1"), ("GPU:0", "GPU:1"))
+
+    @parameterized.parameters(0, -1, "0", "-2")
+    def test_non_positive_count(self, spec):
+        with self.assertRaisesRegex(DeviceError, r"number of devices must be from 1 to 64\. "
+                                                 r"Received: -?\d+\."):
+            devices.resolve(spec)
+
+    def test_too_many(self):
+        with self.assertRaisesRegex(DeviceError, r"from 1 to 64\. Received: 65\."):
+            devices.resolve(65)
+
+    def test_non_numeric(self):
+        with self.assertRaisesRegex(DeviceError, r"Device names look like CPU:0 or GPU:1\. "
+                                                 r"Received: 'two'\."):
+            devices.resolve("two")
+
+    def test_missing_gpu_says_what_exists(self):
+        with self.assertRaisesRegex(DeviceError, r"No such GPU: \['GPU:0'\] asks for GPU:0, but "
+                                                 r"this machine has 4 logical CPU device\(s\), "
+                                                 r"no GPU\."):
+            devices.resolve("GPU:0")
+
+    def test_repeated_device(self):
+        with self.assertRaisesRegex(DeviceError, "cannot repeat a device"):
+            devices.resolve("CPU:0,cpu:0")
+
+    def test_too_late_to_split_more(self):
+        tf.constant(1.0)  # TensorFlow is initialised (with 4 logical CPUs).
+        with self.assertRaisesRegex(DeviceError, r"Cannot split the CPU into 5 logical devices: "
+                                                 r"TensorFlow has already initialised with 4.*"
+                                                 r"--tfpar-devices=5"):
+            devices.resolve(5)
+
+    def test_split_gpu_without_gpu(self):
+        with self.assertRaisesRegex(DeviceError, "Cannot split a GPU: this machine has none"):
+            devices.split_gpu(2, 1024)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,111 @@
+"""Tests of tfpar.testing: the assertions must fail on wrong distributed training."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import data as data_lib
+from tfpar import devices
+from tfpar import testing
+from tfpar.errors import DeviceError
+from tfpar.testing import case
+
+
+def model_fn():
+    model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def wrong_step(reduce_twice: bool):
+    """A hand-made data-parallel step that reduces gradients twice, or not at all."""
+
+    def train(model, dataset, strategy):
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="sum")
+
+        @tf.function
+        def step(x, y):
+            def replica_fn(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x)) / 8.0
+                grads = tape.gradient(loss, model.trainable_variables)
+                context = tf.distribute.get_replica_context()
+                if reduce_twice:  # The optimizer all-reduces again inside apply().
+                    grads = context.all_reduce("sum", grads)
+                    model.optimizer.apply(grads, model.trainable_variables)
+                else:  # Each replica applies only its own gradient: replicas drift apart.
+                    def apply(strategy, grads):
+                        for g, v in zip(grads, model.trainable_variables):
+                            strategy.extended.update(
+                                v.value, lambda var, g: var.assign_sub(0.5 * g), args=(g,))
+                    context.merge_call(apply, args=(grads,))
+                return loss
+            return strategy.run(replica_fn, args=(x, y))
+
+        for x, y in data_lib.distribute(strategy, dataset):
+            step(x, y)
+        return None  # No losses logged: compare weights only.
+
+    return train
+
+
+class AssertMatchesSingleDeviceTest(testing.StrategyTestCase):
+
+    def _assert_matches(self, train):
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(),
+                                       self.strategy("mirrored", 2), train=train)
+
+    def test_passes_for_correct_training(self):
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(),
+                                       self.strategy("mirrored", 2))
+
+    def test_fails_when_gradients_are_reduced_twice(self):
+        with self.assertRaisesRegex(AssertionError, "differs from single-device training"):
+            self._assert_matches(wrong_step(reduce_twice=True))
+
+    def test_fails_when_gradients_are_not_reduced(self):
+        with self.assertRaisesRegex(AssertionError, "differs from single-device training"):
+            self._assert_matches(wrong_step(reduce_twice=False))
+
+
+class AssertReplicasInSyncTest(testing.StrategyTestCase):
+
+    def test_detects_per_replica_batchnorm_statistics(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        self.assertReplicasInSync(model)
+        # Replica 0 sees zeros, replica 1 tens: their moving means drift apart.
+        x = np.concatenate([np.zeros((4, 4)), np.full((4, 4), 10.0)]).astype(np.float32)
+        model.fit(x, np.zeros((8, 1), np.float32), batch_size=8, verbose=0)
+        with self.assertRaisesRegex(AssertionError, "moving_mean: replica 1 differs"):
+            self.assertReplicasInSync(model)
+
+
+class DevicesTest(testing.StrategyTestCase):
+
+    def test_too_late_says_how_to_fix(self):
+        tf.constant(0)
+        with self.assertRaisesRegex(DeviceError, r"--tfpar-devices=9"):
+            testing.ensure_devices(9)
+
+    def test_skip_reasons(self):
+        self.assertEqual(case._skip_reason("default", 2),
+                         "strategy 'default' runs on at most 1 device(s)")
+        self.assertIn("--tfpar-devices=8", case._skip_reason("mirrored", 8))
+        self.assertIsNone(case._skip_reason("mirrored", devices.logical_cpu_count()))
+
+    @testing.for_each_strategy(num_devices=(2,), names=["default", "mirrored"])
+    def test_parameterised_names(self, strategy_name, num_devices):
+        self.assertEqual(self._testMethodName, f"test_parameterised_names_{strategy_name}_2")
+        self.strategy(strategy_name, num_devices)  # default_2 skips with its reason.
+        self.assertEqual(strategy_name, "mirrored")
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,100 @@
+"""End-to-end runs of scripts/train.py in a subprocess, and its handling of bad flags."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+from absl import flags
+from absl.testing import parameterized
+
+from tfpar.cli import common
+from tfpar.cli import train as train_cli
+
+FLAGS = flags.FLAGS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(*flags, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"), *flags],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_reports_each_device_set_and_writes_json(self):
+        output = os.path.join(self.get_temp_dir(), "results.json")
+        result = train("--strategy=allreduce", "--dataset=digits", "--num_devices=1,2",
+                       "--epochs=2", "--batch_size=128", "--scale_with_devices",
+                       f"--output={output}", "--verbose=0")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        lines = re.findall(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[(.*)\] \(\d+ images/s\)$",
+                           result.stdout, re.MULTILINE)
+        self.assertEqual(lines, ["CPU:0", "CPU:0, CPU:1"])
+        self.assertRegex(result.stdout, r"allreduce  \[CPU:0, CPU:1\]  256 +0\.1 ")
+        with open(output, encoding="utf-8") as f:
+            saved = json.load(f)
+        self.assertEqual([r["devices"] for r in saved["results"]], [["CPU:0"], ["CPU:0", "CPU:1"]])
+        self.assertEqual(saved["results"][1]["global_batch_size"], 256)
+        self.assertGreater(saved["results"][0]["test_accuracy"], 0.5)
+        self.assertLen(saved["results"][0]["epoch_seconds"], 2)
+
+    @parameterized.named_parameters(
+        ("unknown_strategy", ["--strategy=mirroed"], r"Unknown strategy 'mirroed'\. Available"),
+        ("unknown_allreduce", ["--strategy=allreduce", "--split_weights=1,x"],
+         r"--split_weights takes positive numbers"),
+        ("zero_devices", ["--num_devices=0"], r"--num_devices takes positive integers"),
+        ("non_numeric_devices", ["--num_devices=two"], r"--num_devices takes positive integers"),
+        ("too_many_devices", ["--num_devices=100"], r"from 1 to 64\. Received: 100"),
+        ("missing_gpu", ["--devices=GPU:3"], r"No such GPU"),
+        ("negative_lr", ["--lr=-1"], r"lr must be a finite number > 0\. Received: lr=-1"),
+        ("zero_epochs", ["--epochs=0"], r"epochs must be an integer >= 1"),
+        ("batch_below_replicas", ["--num_devices=4", "--batch_size=3"],
+         r"global batch size \(3\) is smaller than the number of replicas \(4\)"),
+        ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"], r"does not exist"),
+        ("output_folder_missing", ["--output=/no/such/r.json"], r"folder of output path .* does "
+                                                                 r"not exist"),
+        ("flag_for_other_strategy", ["--allreduce=ring"], r"--allreduce does not apply to "
+                                                          r"strategy 'mirrored'"),
+    )
+    def test_bad_input_exits_with_one_clear_line(self, flags, message):
+        # In-process (a subprocess per case would cost a TensorFlow start each); the
+        # subprocess test below checks that no traceback reaches the user.
+        argv = ["train.py", "--dataset=digits", "--epochs=1", "--verbose=0", *flags]
+        stderr = io.StringIO()
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as exit_:
+                common.exit_cleanly(train_cli.main)(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        self.assertEqual(exit_.exception.code, 2)
+        self.assertRegex(stderr.getvalue(), "^Error: .*" + message)
+
+    def test_user_error_has_no_traceback(self):
+        result = train("--strategy=mirroed")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("Error: Unknown strategy 'mirroed'. Available strategies:", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_bad_flag_value_is_rejected_by_absl(self):
+        result = train("--lr=fast")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("flag --lr=fast: could not convert string to float", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_help_lists_the_flags(self):
+        result = train("--help")  # absl's --help exits with status 1.
+        for flag in ("--strategy", "--num_devices", "--scale_with_devices", "--allreduce",
+                     "--split_weights", "--output"):
+            self.assertIn(flag, result.stdout)
+
+
+if __name__ == "__main__":
+    tf.test.main()
