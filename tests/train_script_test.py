@@ -91,7 +91,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_help_lists_the_flags(self):
         result = train("--help")  # absl's --help exits with status 1.
-        for flag in ("--strategy", "--num_devices", "--scale_with_devices", "--allreduce",
+        for flag in ("--strategy", "--num_devices", "--[no]scale_with_devices", "--allreduce",
                      "--split_weights", "--output"):
             self.assertIn(flag, result.stdout)
 
