@@ -23,3 +23,7 @@ class DatasetError(TfparError):
 
 class ConfigError(TfparError):
     """A training configuration value is out of range."""
+
+
+class ClusterError(TfparError):
+    """A multi-worker cluster specification is malformed or inconsistent."""

@@ -278,3 +278,31 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                             f"Received: {steps_per_execution!r}.")
     del bytes_per_pack  # Any int works: <= 0 means one reduction per variable.
     return strategy
+
+
+_IMPLEMENTATIONS = ("auto", "ring", "nccl")
+
+
+@register("multi_worker", multi_process=True)
+def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
+                  cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
+                  task_index: Optional[int] = None) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
+    from tfpar import cluster as cluster_lib  # Only multi-worker runs need it.
+
+    if implementation not in _IMPLEMENTATIONS:
+        raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
+                            f"{', '.join(_IMPLEMENTATIONS)}.")
+    if not devices.is_gpu_only and len(devices) != 1:
+        raise RegistryError("On CPUs each multi_worker process runs one replica; use one device "
+                            f"per worker and more workers. Received: {devices}.")
+    if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
+        gpus = tf.config.list_physical_devices("GPU")
+        tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")
+    kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_lib.resolver(cluster, worker_hosts, task_index),
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=kind))

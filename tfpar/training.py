@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfpar import cluster
 from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import evaluation
@@ -105,6 +106,7 @@ class RunResult:
         images_per_second: Training images per second over the steady epochs.
         epoch_seconds: Seconds of every epoch.
         history: Per-epoch training logs (loss, accuracy, ...).
+        is_chief: Whether this process is the one that writes results (multi-worker).
     """
 
     strategy: str
@@ -120,6 +122,7 @@ class RunResult:
     images_per_second: float
     epoch_seconds: list[float]
     history: dict[str, list[float]]
+    is_chief: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the result as JSON-serialisable data."""
@@ -152,13 +155,16 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
 
 
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
-                     splits: Optional[data_lib.Splits] = None) -> RunResult:
+                     splits: Optional[data_lib.Splits] = None,
+                     strategy: Optional[tf.distribute.Strategy] = None) -> RunResult:
     """Trains the configured model on one device set and evaluates it.
 
     Args:
         config: The configuration.
         devices: The device set (a count, names, or a ``DeviceSet``).
         splits: The loaded dataset; loaded from ``config`` when ``None``.
+        strategy: The strategy, if already made (multi-worker strategies must be made before
+            TensorFlow runs anything); made from ``config`` when ``None``.
 
     Returns:
         The :class:`RunResult`.
@@ -168,7 +174,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     """
     device_set = devices_lib.resolve(devices)
     entry = strategies.entry(config.strategy)
-    strategy = strategies.get(config.strategy, device_set, **config.strategy_options)
+    strategy = strategy or strategies.get(config.strategy, device_set, **config.strategy_options)
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
@@ -192,14 +198,25 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                             verbose=config.verbose)
     test = data_lib.pipeline(splits.test, batch_size)
     return RunResult(
-        strategy=config.strategy, devices=list(device_set.names), model=config.model,
+        strategy=config.strategy, devices=replica_devices(strategy, device_set),
+        model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=evaluation.accuracy(model, test, strategy),
         sec_per_epoch=timer.steady_epoch_seconds,
         first_epoch_seconds=timer.first_epoch_seconds,
         images_per_second=timer.steady_images_per_second,
         epoch_seconds=list(timer.epoch_seconds),
-        history={k: [float(v) for v in vs] for k, vs in history.history.items()})
+        history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+        is_chief=cluster.is_chief(strategy))
+
+
+def replica_devices(strategy: tf.distribute.Strategy,
+                    device_set: devices_lib.DeviceSet) -> list[str]:
+    """Names every replica's device, over all workers (``worker:1/CPU:0``) for multi-worker."""
+    num_workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    if num_workers == 1:
+        return list(device_set.names)
+    return [f"worker:{w}/{name}" for w in range(num_workers) for name in device_set.names]
 
 
 def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
@@ -223,10 +240,17 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     if not device_sets:
         raise ConfigError("Give at least one device set, e.g. [1, 2].")
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
+    made = {}
+    if strategies.entry(config.strategy).multi_process:
+        # Collective ops across processes must be set up before TensorFlow runs any op.
+        if len(resolved) != 1:
+            raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
+                              f"(its workers' local devices). Received: {len(resolved)} sets.")
+        made[0] = strategies.get(config.strategy, resolved[0], **config.strategy_options)
     splits = data_lib.load(config.dataset, config.data_dir)
     results = []
-    for device_set in resolved:
-        results.append(train_on_devices(config, device_set, splits))
+    for i, device_set in enumerate(resolved):
+        results.append(train_on_devices(config, device_set, splits, made.get(i)))
         if on_result:
             on_result(results[-1])
     return results

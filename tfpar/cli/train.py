@@ -56,6 +56,13 @@ flags.DEFINE_integer("steps_per_execution", 1, "'allreduce': training steps per 
 flags.DEFINE_list("split_weights", None,
                   "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
                   "device (an even split if unset).")
+flags.DEFINE_enum("implementation", "auto", ["auto", "ring", "nccl"],
+                  "'multi_worker': collective implementation.")
+flags.DEFINE_enum("cluster", "auto", ["auto", "tf_config", "slurm", "flags"],
+                  "'multi_worker': where the cluster comes from (auto: --worker_hosts, else "
+                  "TF_CONFIG, else SLURM).")
+flags.DEFINE_list("worker_hosts", None, "'multi_worker': host:port of every worker.")
+flags.DEFINE_integer("task_index", None, "'multi_worker': this worker's index in --worker_hosts.")
 flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
@@ -73,6 +80,9 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         "bytes_per_pack": FLAGS.bytes_per_pack, "steps_per_execution": FLAGS.steps_per_execution,
         "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
                                 for w in FLAGS.split_weights) if FLAGS.split_weights else None),
+        "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
+        "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
+        "task_index": FLAGS.task_index,
     }, flag_names={"algorithm": "allreduce"})
     config = training.TrainConfig(
         strategy=FLAGS.strategy, strategy_options=options, model=FLAGS.model,
@@ -98,7 +108,7 @@ def main(argv: list[str]) -> None:
                                   on_result=lambda r: print(report.summary_line(r), flush=True))
     print()
     print(report.table(results))
-    if FLAGS.output:
+    if FLAGS.output and results[0].is_chief:
         atomic_io.write_json(FLAGS.output, {"config": common.jsonable(config),
                                             "results": [r.to_dict() for r in results]})
         print(f"Results written to {FLAGS.output}")

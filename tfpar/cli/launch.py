@@ -1,0 +1,35 @@
+"""``scripts/launch.py``: run a command as N local workers, e.g. multi-worker training.
+
+Example::
+
+    python scripts/launch.py --num_workers=2 -- \\
+        python scripts/train.py --strategy=multi_worker --dataset=digits
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+from tfpar import launcher
+from tfpar.cli import common
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_integer("num_workers", 2, "Number of worker processes.", lower_bound=1)
+flags.DEFINE_string("host", "127.0.0.1", "Address the workers bind (loopback by default).")
+
+
+def main(argv: list[str]) -> None:
+    """Launches ``argv[1:]`` (the command after ``--``) as the workers and exits with their status."""
+    sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host))
+
+
+def run() -> None:
+    """Console-script entry point."""
+    common.run_main(main, __name__)
+
+
+if __name__ == "__main__":
+    run()
