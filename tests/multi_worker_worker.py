@@ -1,0 +1,46 @@
+"""A worker for multi_worker_test: trains with fit under multi_worker and saves the weights.
+
+Usage (through the launcher): multi_worker_worker.py fit|allreduce INITIAL.npz OUTPUT.npz
+"""
+
+import sys
+
+import keras
+import numpy as np
+
+from tfpar import allreduce_loop
+from tfpar import strategies
+from tfpar import testing
+from tfpar.cluster import is_chief
+
+
+def main(loop: str, initial_path: str, output_path: str) -> None:
+    strategy = strategies.get("multi_worker", 1)  # Before any other TensorFlow op.
+    with strategy.scope():
+        model = testing_model()
+    model.set_weights(list(np.load(initial_path).values()))
+    if loop == "fit":
+        # 3 steps of 8 over 2 workers (4 each). Keras fit weighs uneven shards inexactly, so
+        # the batches divide evenly here.
+        model.fit(dataset(24), verbose=0, shuffle=False)
+    else:
+        # The hand-written loop is exact on uneven shards too: the last batch of 7 splits 4+3.
+        allreduce_loop.fit(model, dataset(23), strategy=strategy, verbose=0)
+    if is_chief(strategy):
+        np.savez(output_path, *model.get_weights())
+
+
+def dataset(num_examples: int):
+    return testing.tiny_dataset(num_examples=num_examples, batch_size=8)
+
+
+def testing_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
