@@ -138,6 +138,31 @@ class OptionsTest(testing.StrategyTestCase):
         self.assertAllClose(histories[0], histories[1], rtol=1e-6)
         self.assertAllClose(weights[0], weights[1], rtol=1e-6, atol=1e-7)
 
+    def test_dataset_of_unknown_length(self):
+        # filter() hides the length: the loop then asks for data step by step.
+        dataset = testing.tiny_dataset(40, batch_size=8).filter(lambda x, y: True)
+        self.assertEqual(int(dataset.cardinality()), tf.data.UNKNOWN_CARDINALITY)
+        strategy = self.strategy("allreduce", 2)
+        self.assertMatchesSingleDevice(compiled(users_model), dataset, strategy,
+                                       strategy_name="allreduce")
+        # Executions of 2 steps log once per execution: compare the weights only.
+        two_per_call = lambda *args: allreduce_with(steps_per_execution=2)(*args) and None
+        self.assertMatchesSingleDevice(compiled(users_model), dataset, strategy,
+                                       train=two_per_call)
+
+    def test_compiled_step_is_reused_across_calls(self):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = compiled(users_model)()
+        allreduce_loop.fit(model, testing.tiny_dataset(), verbose=0)
+        step = allreduce_loop._STEPS[model]
+        function = next(iter(step.values())).steps_function(1)
+        allreduce_loop.fit(model, testing.tiny_dataset(), verbose=0)
+        self.assertLen(allreduce_loop._STEPS[model], 1)
+        self.assertIs(next(iter(allreduce_loop._STEPS[model].values())).steps_function(1),
+                      function)
+        self.assertEqual(function.experimental_get_tracing_count(), 1)
+
     def test_callbacks_and_history(self):
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():

@@ -91,27 +91,32 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], algorithm: str = "collective",
     context = tf.distribute.get_replica_context()
     if not tensors or context.num_replicas_in_sync == 1:
         return tensors
+    buckets = pack(tensors, bytes_per_pack)
+    # Flattening is free (no copy); concatenating a bucket is one copy. All buckets go into one
+    # all-reduce call, so the strategy can batch them.
+    flats = [tf.concat([tf.reshape(tensors[i], [-1]) for i in bucket], axis=0)
+             if len(bucket) > 1 else tf.reshape(tensors[bucket[0]], [-1]) for bucket in buckets]
+    totals = _reduce(flats, algorithm, context)
     reduced = [None] * len(tensors)
-    for bucket in pack(tensors, bytes_per_pack):
-        flat = (tf.reshape(tensors[bucket[0]], [-1]) if len(bucket) == 1 else
-                tf.concat([tf.reshape(tensors[i], [-1]) for i in bucket], axis=0))
-        total = _reduce_flat(flat, algorithm, context)
-        sizes = [tensors[i].shape.num_elements() for i in bucket]
-        for i, part in zip(bucket, tf.split(total, sizes) if len(bucket) > 1 else [total]):
+    for bucket, total in zip(buckets, totals):
+        parts = tf.split(total, [tensors[i].shape.num_elements() for i in bucket]) \
+            if len(bucket) > 1 else [total]
+        for i, part in zip(bucket, parts):
             reduced[i] = tf.reshape(part, tensors[i].shape)
     return reduced
 
 
-def _reduce_flat(flat: tf.Tensor, algorithm: str, context: tf.distribute.ReplicaContext
-                 ) -> tf.Tensor:
+def _reduce(flats: list[tf.Tensor], algorithm: str, context: tf.distribute.ReplicaContext
+            ) -> list[tf.Tensor]:
     if algorithm == "collective":
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, flat)
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, flats)
     strategy = context.strategy
     if len(strategy.extended.worker_devices) != strategy.num_replicas_in_sync:
         raise RegistryError(f"All-reduce algorithm {algorithm!r} works within one process; "
                             "across workers use 'collective'.")
     merge = _naive if algorithm == "naive" else _ring
-    return context.merge_call(merge, args=(flat,))
+    return context.merge_call(lambda strategy, *parts: [merge(strategy, p) for p in parts],
+                              args=tuple(flats))
 
 
 def _devices_and_parts(strategy: tf.distribute.Strategy, per_replica):

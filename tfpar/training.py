@@ -21,6 +21,7 @@ from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import evaluation
 from tfpar import models
+from tfpar import replica_statistics
 from tfpar import strategies
 from tfpar import timing
 from tfpar.errors import ConfigError
@@ -188,13 +189,17 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     model = build_compiled_model(config, splits, strategy, lr)
     train = data_lib.pipeline(splits.train, batch_size, shuffle=True, seed=config.seed)
     timer = timing.EpochTimer(splits.num_train)
+    callbacks = [timer]
+    if not config.sync_batchnorm and model.non_trainable_variables:
+        # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
+        callbacks.append(replica_statistics.AverageAtEpochEnd(strategy))
     if entry.training_loop == "allreduce":
         from tfpar import allreduce_loop  # The hand-written loop is only needed by its entries.
         history = allreduce_loop.fit(model, train, epochs=config.epochs, strategy=strategy,
-                                     callbacks=[timer], verbose=config.verbose,
+                                     callbacks=callbacks, verbose=config.verbose,
                                      **allreduce_loop.loop_options(config.strategy_options))
     else:
-        history = model.fit(train, epochs=config.epochs, callbacks=[timer],
+        history = model.fit(train, epochs=config.epochs, callbacks=callbacks,
                             verbose=config.verbose)
     test = data_lib.pipeline(splits.test, batch_size)
     return RunResult(

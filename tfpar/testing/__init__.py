@@ -32,8 +32,9 @@ from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.case import ensure_devices
 from tfpar.testing.case import for_each_strategy
 from tfpar.testing.datasets import tiny_dataset
+from tfpar.testing.equivalence import allreduce_steps
 from tfpar.testing.equivalence import fit_steps
 from tfpar.testing.equivalence import train_steps
 
-__all__ = ["StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps",
+__all__ = ["StrategyTestCase", "allreduce_steps", "ensure_devices", "for_each_strategy", "fit_steps",
            "tiny_dataset", "train_steps"]

@@ -1,0 +1,56 @@
+"""Non-trainable state that replicas update on their own, made well-defined.
+
+With per-replica BatchNorm (the default, as in the seeds), each replica updates its copy of the
+moving mean and variance from its own shard, so the copies drift apart, evaluation depends on
+which replica runs it, and a saved model keeps replica 0's copy. :func:`average` replaces every
+replica's copy of every non-trainable variable by the mean over all replicas (of all workers);
+:class:`AverageAtEpochEnd` does it after each epoch, before evaluation and saving. (The mean of
+the replicas' moving variances is not the variance of the global batch; for that, train with
+synchronized BatchNorm.)
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def average(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Sets every replica's copy of each non-trainable variable to the mean over replicas.
+
+    Args:
+        model: A model built under ``strategy``.
+        strategy: The strategy.
+    """
+    variables = [v.value for v in model.non_trainable_variables]
+    if not variables or strategy.num_replicas_in_sync == 1:
+        return
+
+    @tf.function
+    def average_copies():
+        def replica_means():
+            # In a replica context, reading a mirrored variable gives this replica's copy.
+            copies = [tf.identity(v) for v in variables]
+            return tf.distribute.get_replica_context().all_reduce("MEAN", copies)
+
+        means = strategy.run(replica_means)
+        for variable, mean in zip(variables, means):
+            strategy.extended.update(variable, lambda var, x: var.assign(x), args=(mean,),
+                                     group=False)
+
+    average_copies()
+
+
+class AverageAtEpochEnd(keras.callbacks.Callback):
+    """Averages non-trainable variables over replicas at the end of every epoch.
+
+    Args:
+        strategy: The strategy the model was built under.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        super().__init__()
+        self.strategy = strategy
+
+    def on_epoch_end(self, epoch, logs=None):
+        average(self.model, self.strategy)
