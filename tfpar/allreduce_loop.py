@@ -276,7 +276,8 @@ def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
         callbacks: Optional[Sequence[keras.callbacks.Callback]] = None, verbose: int = 1,
         algorithm: str = "collective", bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
         steps_per_execution: int = 1, split_weights: Optional[Sequence[float]] = None,
-        initial_epoch: int = 0) -> keras.callbacks.History:
+        initial_epoch: int = 0, steps_per_epoch: Optional[int] = None
+        ) -> keras.callbacks.History:
     """Trains a compiled model with the hand-written all-reduce loop, like ``model.fit``.
 
     Keras callbacks, progress bars and ``History`` work as with ``fit``; the logs hold ``loss``
@@ -295,6 +296,8 @@ def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
         split_weights: Per-replica shares of each batch (e.g. ``[3, 1]`` for a fast and a slow
             device); an even split when ``None``.
         initial_epoch: Epoch to start from (for resumed training).
+        steps_per_epoch: Steps in an epoch; the dataset's length by default (needed for a
+            repeated dataset).
 
     Returns:
         The ``History`` callback.
@@ -325,17 +328,23 @@ def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
     step = steps_of_model[key]
     distributed = (dataset if split_weights is not None
                    else data_lib.distribute(strategy, dataset))
-    steps_per_epoch = int(dataset.cardinality()) if dataset.cardinality() >= 0 else None
+    # With steps_per_epoch given, the dataset is one stream over all epochs (as in Keras fit);
+    # otherwise every epoch iterates the whole dataset afresh.
+    repeated = steps_per_epoch is not None
+    if steps_per_epoch is None and dataset.cardinality() >= 0:
+        steps_per_epoch = int(dataset.cardinality())
     callback_list = keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
         steps=steps_per_epoch, model=model)
     model.stop_training = False
     callback_list.on_train_begin()
     logs = {}
+    iterator = None
     for epoch in range(initial_epoch, epochs):
         step.totals.assign(tf.zeros([3], tf.float64))
         callback_list.on_epoch_begin(epoch)
-        iterator = iter(distributed)
+        if iterator is None or not repeated:
+            iterator = iter(distributed)
         if steps_per_epoch is not None:
             logs = _run_known_length(step, iterator, steps_per_epoch, callback_list, model)
         else:

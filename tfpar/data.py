@@ -212,7 +212,7 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
         shuffle: Reshuffle every epoch.
         seed: Shuffle seed (for reproducible runs).
         drop_remainder: Drop a last partial batch (only benchmarks should).
-        repeat: Repeat forever (for step-counted loops).
+        repeat: Repeat the epochs forever (each with its own last partial batch).
 
     Returns:
         The batched dataset.
@@ -220,10 +220,43 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
     dataset = dataset.cache()
     if shuffle:
         dataset = dataset.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
     if repeat:
         dataset = dataset.repeat()
-    dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def epoch_stream(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
+                 seed: int, first_epoch: int = 0) -> tf.data.Dataset:
+    """Batches of every epoch from ``first_epoch`` on, each epoch a fresh permutation.
+
+    Epoch ``e``'s order is a pure function of ``(seed, e)`` (a stateless index shuffle), not
+    of how many iterators were made before, so a run resumed at epoch ``e`` sees exactly the
+    batches an uninterrupted run sees from epoch ``e`` on. Every epoch ends with its own
+    partial batch. The examples are held in memory (the datasets here are small).
+
+    Args:
+        dataset: Unbatched ``(image, label)`` examples.
+        num_examples: Their number.
+        global_batch_size: Examples per step over all replicas.
+        seed: Shuffle seed.
+        first_epoch: The first epoch to produce.
+
+    Returns:
+        An endless dataset of batches.
+    """
+    images, labels = dataset.batch(num_examples).get_single_element()
+    max_index = tf.constant(num_examples - 1, tf.int64)
+
+    def epoch(e):
+        order = tf.random.experimental.index_shuffle(
+            tf.range(num_examples, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), e]),
+            max_index=max_index)
+        return (tf.data.Dataset.from_tensor_slices(order).batch(global_batch_size)
+                .map(lambda i: (tf.gather(images, i), tf.gather(labels, i))))
+
+    return (tf.data.Dataset.counter(first_epoch).flat_map(epoch)
+            .prefetch(tf.data.AUTOTUNE))
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset

@@ -27,3 +27,16 @@ class ConfigError(TfparError):
 
 class ClusterError(TfparError):
     """A multi-worker cluster specification is malformed or inconsistent."""
+
+
+class NonFiniteLossError(TfparError):
+    """Training stopped because the loss became NaN or infinite.
+
+    Attributes:
+        results: What was measured before it stopped (``RunResult`` objects), the stopped run
+            last.
+    """
+
+    def __init__(self, message: str, results: list):
+        super().__init__(message)
+        self.results = results

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Optional, Sequence
 
 import keras
 import tensorflow as tf
 from absl import logging
 
+from tfpar import checkpointing
 from tfpar import cluster
 from tfpar import data as data_lib
 from tfpar import devices as devices_lib
@@ -25,6 +27,8 @@ from tfpar import replica_statistics
 from tfpar import strategies
 from tfpar import timing
 from tfpar.errors import ConfigError
+from tfpar.errors import NonFiniteLossError
+from tfpar.loss_guard import StopOnNonFiniteLoss
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -49,6 +53,11 @@ class TrainConfig:
         seed: Seed of weights and shuffling.
         sync_batchnorm: Compute BatchNorm statistics over the global batch.
         verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
+        model_dir: Where training state is saved after every epoch (one sub-folder per device
+            set); ``None``: not saved.
+        resume: Resume from the state in ``model_dir`` when there is some.
+        deterministic: Make TensorFlow ops deterministic, so two runs on the same device set
+            give identical weights (slower on GPUs).
     """
 
     strategy: str = "mirrored"
@@ -65,6 +74,9 @@ class TrainConfig:
     seed: int = 0
     sync_batchnorm: bool = False
     verbose: int = 1
+    model_dir: Optional[str] = None
+    resume: bool = True
+    deterministic: bool = False
 
     def __post_init__(self):
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
@@ -157,7 +169,8 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
 
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                      splits: Optional[data_lib.Splits] = None,
-                     strategy: Optional[tf.distribute.Strategy] = None) -> RunResult:
+                     strategy: Optional[tf.distribute.Strategy] = None,
+                     callbacks: Sequence[keras.callbacks.Callback] = ()) -> RunResult:
     """Trains the configured model on one device set and evaluates it.
 
     Args:
@@ -166,6 +179,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         splits: The loaded dataset; loaded from ``config`` when ``None``.
         strategy: The strategy, if already made (multi-worker strategies must be made before
             TensorFlow runs anything); made from ``config`` when ``None``.
+        callbacks: More Keras callbacks, run after tfpar's own (timing, checkpoints).
 
     Returns:
         The :class:`RunResult`.
@@ -186,33 +200,73 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                  config.model, device_set, config.strategy, strategy.num_replicas_in_sync,
                  batch_size, lr)
     keras.utils.set_random_seed(config.seed)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
     model = build_compiled_model(config, splits, strategy, lr)
-    train = data_lib.pipeline(splits.train, batch_size, shuffle=True, seed=config.seed)
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     timer = timing.EpochTimer(splits.num_train)
-    callbacks = [timer]
+    loss_guard = StopOnNonFiniteLoss()
+    user_callbacks, callbacks = list(callbacks), [timer, loss_guard]
     if not config.sync_batchnorm and model.non_trainable_variables:
         # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
         callbacks.append(replica_statistics.AverageAtEpochEnd(strategy))
+    initial_epoch = 0
+    if config.model_dir:
+        checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
+        initial_epoch = checkpoint.restore() if config.resume else 0
+        callbacks.append(checkpoint)
+    callbacks += user_callbacks
+    # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
+    # an uninterrupted one.
+    train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size, seed=config.seed,
+                                  first_epoch=initial_epoch)
+    fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch,
+                    steps_per_epoch=steps_per_epoch, callbacks=callbacks,
+                    verbose=config.verbose)
     if entry.training_loop == "allreduce":
         from tfpar import allreduce_loop  # The hand-written loop is only needed by its entries.
-        history = allreduce_loop.fit(model, train, epochs=config.epochs, strategy=strategy,
-                                     callbacks=callbacks, verbose=config.verbose,
+        history = allreduce_loop.fit(model, train, strategy=strategy, **fit_args,
                                      **allreduce_loop.loop_options(config.strategy_options))
     else:
-        history = model.fit(train, epochs=config.epochs, callbacks=callbacks,
-                            verbose=config.verbose)
+        history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)
-    return RunResult(
+    result = RunResult(
         strategy=config.strategy, devices=replica_devices(strategy, device_set),
         model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=evaluation.accuracy(model, test, strategy),
-        sec_per_epoch=timer.steady_epoch_seconds,
-        first_epoch_seconds=timer.first_epoch_seconds,
-        images_per_second=timer.steady_images_per_second,
+        sec_per_epoch=timer.steady_epoch_seconds if timer.epoch_seconds else math.nan,
+        first_epoch_seconds=timer.first_epoch_seconds if timer.epoch_seconds else math.nan,
+        images_per_second=timer.steady_images_per_second if timer.epoch_seconds else math.nan,
         epoch_seconds=list(timer.epoch_seconds),
         history={k: [float(v) for v in vs] for k, vs in history.history.items()},
         is_chief=cluster.is_chief(strategy))
+    if loss_guard.stopped:
+        raise NonFiniteLossError(
+            f"Training stopped: the loss became {loss_guard.value} at epoch "
+            f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
+            f"rate ({lr:g}) is probably too high for the batch size ({batch_size}); lower "
+            "--lr.", [result])
+    return result
+
+
+def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
+                      device_set: devices_lib.DeviceSet) -> checkpointing.EpochCheckpoint:
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)  # Slots exist before a restore.
+    directory = os.path.join(config.model_dir, f"{config.strategy}_{len(device_set)}_devices")
+    checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
+    latest = checkpoint.latest
+    if latest and config.resume:
+        logging.info("Resuming from the saved training state %s.", latest)
+        print(f"Resuming from {latest}", flush=True)
+    elif latest:
+        print(f"Not resuming (--noresume): training from scratch; {directory} will be "
+              "overwritten.", flush=True)
+    else:
+        print(f"No saved training state in {directory}: training from scratch; state is saved "
+              "there after every epoch.", flush=True)
+    return checkpoint
 
 
 def replica_devices(strategy: tf.distribute.Strategy,
@@ -255,7 +309,11 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     splits = data_lib.load(config.dataset, config.data_dir)
     results = []
     for i, device_set in enumerate(resolved):
-        results.append(train_on_devices(config, device_set, splits, made.get(i)))
+        try:
+            results.append(train_on_devices(config, device_set, splits, made.get(i)))
+        except NonFiniteLossError as e:
+            e.results = results + e.results  # What was measured so far, for the caller.
+            raise
         if on_result:
             on_result(results[-1])
     return results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import sys
 from typing import Any, Callable, Optional
 
@@ -21,13 +22,25 @@ def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
 
     @functools.wraps(main)
     def wrapped(argv):
+        # SIGTERM (a scheduler, kill) stops the program as Ctrl-C does: files are written
+        # atomically, so only complete results and checkpoints are left behind.
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
             return main(argv)
         except TfparError as e:
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:
+            print("Interrupted. Result files are untouched or complete; with --model_dir, the "
+                  "state of the last finished epoch is there: run the same command to resume.",
+                  file=sys.stderr)
+            sys.exit(130)
 
     return wrapped
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def run_main(main: Callable[[list[str]], Any], flags_module: str) -> None:

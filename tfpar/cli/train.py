@@ -18,6 +18,7 @@ from tfpar import report
 from tfpar import strategies
 from tfpar import training
 from tfpar.cli import common
+from tfpar.errors import NonFiniteLossError
 
 FLAGS = flags.FLAGS
 
@@ -63,6 +64,15 @@ flags.DEFINE_enum("cluster", "auto", ["auto", "tf_config", "slurm", "flags"],
                   "TF_CONFIG, else SLURM).")
 flags.DEFINE_list("worker_hosts", None, "'multi_worker': host:port of every worker.")
 flags.DEFINE_integer("task_index", None, "'multi_worker': this worker's index in --worker_hosts.")
+flags.DEFINE_string("model_dir", None,
+                    "Save training state here after every epoch (one sub-folder per device "
+                    "set), to resume after a crash or kill.")
+flags.DEFINE_bool("resume", True,
+                  "Resume from the state in --model_dir when there is some (--noresume "
+                  "starts from scratch and overwrites it).")
+flags.DEFINE_bool("deterministic", False,
+                  "Deterministic TensorFlow ops: with --seed, two runs on the same device set "
+                  "give identical weights and accuracy.")
 flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
@@ -89,7 +99,8 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
         lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
-        sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose)
+        sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose, model_dir=FLAGS.model_dir,
+        resume=FLAGS.resume, deterministic=FLAGS.deterministic)
     return config, device_sets
 
 
@@ -104,14 +115,22 @@ def main(argv: list[str]) -> None:
     strategies.entry(config.strategy)  # Fail on a bad name before any slow work.
     if FLAGS.output:
         atomic_io.check_writable(FLAGS.output)
-    results = training.train_each(config, device_sets,
-                                  on_result=lambda r: print(report.summary_line(r), flush=True))
+    try:
+        results = training.train_each(
+            config, device_sets, on_result=lambda r: print(report.summary_line(r), flush=True))
+    except NonFiniteLossError as e:
+        _write_results(config, e.results, "What was measured before the loss diverged")
+        raise
     print()
     print(report.table(results))
-    if FLAGS.output and results[0].is_chief:
+    _write_results(config, results, "Results")
+
+
+def _write_results(config: training.TrainConfig, results: list, what: str) -> None:
+    if FLAGS.output and results and results[0].is_chief:
         atomic_io.write_json(FLAGS.output, {"config": common.jsonable(config),
                                             "results": [r.to_dict() for r in results]})
-        print(f"Results written to {FLAGS.output}")
+        print(f"{what} written to {FLAGS.output}")
 
 
 def run() -> None:

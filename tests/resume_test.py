@@ -1,0 +1,114 @@
+"""Tests of kill-and-resume: resumed training ends with the weights of an uninterrupted run."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar import data
+from tfpar import testing
+from tfpar import training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def checkpoint_values(directory: str) -> dict[str, np.ndarray]:
+    """The model and optimizer tensors of the latest checkpoint in ``directory``."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith(("model_variables/", "optimizer/", "epochs_done/"))}
+
+
+class SameStateTestCase(testing.StrategyTestCase):
+
+    def assertSameState(self, expected_dir, actual_dir):
+        expected, actual = checkpoint_values(expected_dir), checkpoint_values(actual_dir)
+        self.assertEqual(sorted(expected), sorted(actual))
+        self.assertGreater(len(expected), 5)
+        for name in expected:
+            self.assertAllClose(expected[name], actual[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+class ResumeTest(SameStateTestCase):
+
+    @parameterized.parameters("mirrored", "allreduce")
+    def test_resumed_training_equals_uninterrupted(self, strategy_name):
+        base = self.get_temp_dir()
+        config = training.TrainConfig(strategy=strategy_name, dataset="synthetic", epochs=3,
+                                      batch_size=48, verbose=0)
+        # (The weights show up twice: as model_variables and as the optimizer's.)
+        splits = testing_splits()
+        whole = os.path.join(base, f"{strategy_name}_whole")
+        training.train_on_devices(dataclasses.replace(config, model_dir=whole), 2, splits)
+        parts = os.path.join(base, f"{strategy_name}_parts")
+        partial = dataclasses.replace(config, model_dir=parts, epochs=1)
+        training.train_on_devices(partial, 2, splits)  # Stops after epoch 1, as if killed.
+        resumed = training.train_on_devices(dataclasses.replace(config, model_dir=parts), 2,
+                                            splits)
+        self.assertLen(resumed.epoch_seconds, 2)  # Only epochs 2 and 3 ran.
+        self.assertEqual(resumed.epochs, 3)
+        sub = f"{strategy_name}_2_devices"
+        self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
+
+
+def testing_splits():
+    return data.load("synthetic", image_shape=(28, 28, 1), synthetic_size=(100, 20))
+
+
+class KillAndResumeTest(SameStateTestCase):
+
+    def launch(self, model_dir):
+        return subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
+             "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+             "--strategy=multi_worker", "--dataset=digits", "--epochs=3", "--batch_size=96",
+             "--verbose=0", f"--model_dir={model_dir}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+    def test_killed_worker_then_restart_resumes_to_the_same_weights(self):
+        base = self.get_temp_dir()
+        whole, killed = os.path.join(base, "whole"), os.path.join(base, "killed")
+        self.assertEqual(self.launch(whole).wait(timeout=300), 0)
+
+        job = self.launch(killed)
+        state = os.path.join(killed, "multi_worker_1_devices")
+        deadline = time.monotonic() + 240
+        while tf.train.latest_checkpoint(state) is None and job.poll() is None:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.2)
+        os.kill(worker_pid(killed, rank=1), signal.SIGKILL)
+        output = job.communicate(timeout=120)[0]
+        self.assertNotEqual(job.returncode, 0)
+        self.assertIn("launcher: worker 1 was killed by signal 9", output)
+
+        restarted = self.launch(killed)
+        output = restarted.communicate(timeout=300)[0]
+        self.assertEqual(restarted.returncode, 0, output[-3000:])
+        self.assertIn("[worker 0] Resuming from", output)
+        self.assertSameState(os.path.join(whole, "multi_worker_1_devices"), state)
+
+
+def worker_pid(marker: str, rank: int) -> int:
+    """The pid of the training worker of ``rank`` whose command line contains ``marker``."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "train.py" in cmdline and marker in cmdline and f'"index": {rank}' in environ:
+            return int(pid)
+    raise AssertionError(f"no worker {rank} running for {marker}")
+
+
+if __name__ == "__main__":
+    tf.test.main()
