@@ -4,6 +4,8 @@ The pytest plugin splits the CPU into 4 logical devices before this module is im
 (``tfpar_devices = 4`` in setup.cfg).
 """
 
+import os
+
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -64,6 +66,16 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
     def test_split_gpu_without_gpu(self):
         with self.assertRaisesRegex(DeviceError, "Cannot split a GPU: this machine has none"):
             devices.split_gpu(2, 1024)
+
+
+class ThreadsTest(tf.test.TestCase):
+
+    def test_each_logical_cpu_gets_its_share_of_the_cores(self):
+        # The plugin split the CPU into 4 devices before TensorFlow started.
+        cores = os.cpu_count()
+        self.assertEqual(tf.config.threading.get_intra_op_parallelism_threads(),
+                         max(1, cores // 4))
+        self.assertEqual(tf.config.threading.get_inter_op_parallelism_threads(), 4)
 
 
 if __name__ == "__main__":

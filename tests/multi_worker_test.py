@@ -97,7 +97,7 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
 
     @parameterized.parameters(("fit", 24), ("allreduce", 23))
     def test_two_workers_match_single_process_training(self, loop, num_examples):
-        reference = multi_worker_worker.testing_model()
+        reference = testing.tiny_model()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         final = os.path.join(self.get_temp_dir(), "final.npz")
         np.savez(initial, *reference.get_weights())

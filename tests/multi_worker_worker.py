@@ -5,7 +5,6 @@ Usage (through the launcher): multi_worker_worker.py fit|allreduce INITIAL.npz O
 
 import sys
 
-import keras
 import numpy as np
 
 from tfpar import allreduce_loop
@@ -17,7 +16,7 @@ from tfpar.cluster import is_chief
 def main(loop: str, initial_path: str, output_path: str) -> None:
     strategy = strategies.get("multi_worker", 1)  # Before any other TensorFlow op.
     with strategy.scope():
-        model = testing_model()
+        model = testing.tiny_model()
     model.set_weights(list(np.load(initial_path).values()))
     if loop == "fit":
         # 3 steps of 8 over 2 workers (4 each). Keras fit weighs uneven shards inexactly, so
@@ -32,14 +31,6 @@ def main(loop: str, initial_path: str, output_path: str) -> None:
 
 def dataset(num_examples: int):
     return testing.tiny_dataset(num_examples=num_examples, batch_size=8)
-
-
-def testing_model() -> keras.Model:
-    model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
-                              keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from importlib import metadata
 from unittest import mock
 
-import keras
 import tensorflow as tf
 
 from tfpar import strategies
@@ -118,21 +117,13 @@ class CentralStorageLossTest(testing.StrategyTestCase):
         # Records the Keras 3 defect behind StrategyEntry.logs_exact_loss=False: if Keras
         # fixes it, this fails and the flag can go.
         self.assertFalse(strategies.entry("central_storage").logs_exact_loss)
-        model_fn = _small_model
+        model_fn = testing.tiny_model
         self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(24, batch_size=8),
                                        self.strategy("central_storage", 2),
                                        strategy_name="central_storage")
         with self.assertRaisesRegex(AssertionError, "per-step losses differ"):
             self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(24, batch_size=8),
                                            self.strategy("central_storage", 2))
-
-
-def _small_model():
-    model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
-                              keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Tests of tfpar.testing: the assertions must fail on wrong distributed training."""
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -11,12 +13,7 @@ from tfpar.errors import DeviceError
 from tfpar.testing import case
 
 
-def model_fn():
-    model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
-                              keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.SGD(0.5),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+model_fn = functools.partial(testing.tiny_model, lr=0.5)
 
 
 def wrong_step(reduce_twice: bool):

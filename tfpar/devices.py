@@ -10,6 +10,7 @@ that will need several device sets in one process call :func:`resolve` for the l
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Iterator, Sequence, Union
 
@@ -90,6 +91,13 @@ def gpu_count() -> int:
 def ensure_logical_cpus(count: int) -> None:
     """Splits the CPU into at least ``count`` logical devices, if it is not split enough yet.
 
+    Logical CPU devices share one pool of intra-op threads, so two replicas that each try to
+    use every core fight over them. Unless the thread counts were set already
+    (``tf.config.threading``), a split into ``n > 1`` devices therefore gives each device its
+    share of the cores: ``cores // n`` intra-op threads (at least 1) and ``n`` inter-op threads,
+    so the replicas run side by side. A logical device is then like a GPU in the seeds: one
+    unit of compute, and ``--num_devices=1,2`` measures scaling from one share to two.
+
     Args:
         count: How many logical CPU devices are needed (``CPU:0`` .. ``CPU:{count-1}``).
 
@@ -112,6 +120,11 @@ def ensure_logical_cpus(count: int) -> None:
             f"initialised with {have} (available: {_describe_available()}). Ask for the "
             f"largest device set first, call tfpar.devices.ensure_logical_cpus({count}) before "
             f"any TensorFlow op runs, or in pytest pass --tfpar-devices={count}.") from e
+    if (tf.config.threading.get_intra_op_parallelism_threads() == 0
+            and tf.config.threading.get_inter_op_parallelism_threads() == 0):
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1)
+                                                                 // count))
+        tf.config.threading.set_inter_op_parallelism_threads(count)
 
 
 def split_gpu(count: int, memory_limit_mb: int) -> None:

@@ -30,6 +30,8 @@ flags.DEFINE_integer("rounds", 5, "Measured rounds (interleaved across configura
 flags.DEFINE_integer("epoch_examples", 60_000, "Epoch size for the sec/epoch column.")
 flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy on one device.")
 flags.DEFINE_string("output", None, "Write the measurements to this JSON file.")
+flags.DEFINE_string("csv", None, "Write the table to this CSV file.")
+flags.DEFINE_string("plot", None, "Draw images/s and efficiency to this PNG file (matplotlib).")
 
 
 def main(argv: list[str]) -> None:
@@ -42,8 +44,9 @@ def main(argv: list[str]) -> None:
                           f"{', '.join(models.available())}.")
     for name in FLAGS.strategies:
         strategies.entry(name)
-    if FLAGS.output:
-        atomic_io.check_writable(FLAGS.output)
+    for path in (FLAGS.output, FLAGS.csv, FLAGS.plot):
+        if path:
+            atomic_io.check_writable(path)
     device_sets = [common.parse_count("--num_devices", n) for n in FLAGS.num_devices]
     measurements = benchmark.run(FLAGS.strategies, device_sets, FLAGS.models,
                                  FLAGS.batch_size, steps=FLAGS.steps,
@@ -52,9 +55,15 @@ def main(argv: list[str]) -> None:
     print()
     print(benchmark.table(measurements, FLAGS.epoch_examples))
     if FLAGS.output:
-        atomic_io.write_json(FLAGS.output, [dict(vars(m), median=m.median, spread=m.spread)
-                                            for m in measurements])
+        atomic_io.write_json(FLAGS.output, [dict(vars(m), best=m.best, median=m.median,
+                                                 spread=m.spread) for m in measurements])
         print(f"Measurements written to {FLAGS.output}")
+    if FLAGS.csv:
+        benchmark.write_csv(FLAGS.csv, measurements)
+        print(f"Table written to {FLAGS.csv}")
+    if FLAGS.plot:
+        benchmark.plot(FLAGS.plot, measurements)
+        print(f"Plot written to {FLAGS.plot}")
 
 
 def run() -> None:

@@ -7,7 +7,8 @@
   :meth:`~StrategyTestCase.assertMatchesSingleDevice`.
 * :func:`for_each_strategy`: runs a test once per registry entry and device count
   (``test_fit_mirrored_2``); combinations this machine cannot run are skipped with the reason.
-* :func:`tiny_dataset`: a small deterministic image dataset for such checks.
+* :func:`tiny_dataset` and :func:`tiny_model`: a small deterministic image dataset and a
+  small compiled classifier for such checks.
 
 Example::
 
@@ -35,6 +36,7 @@ from tfpar.testing.datasets import tiny_dataset
 from tfpar.testing.equivalence import allreduce_steps
 from tfpar.testing.equivalence import fit_steps
 from tfpar.testing.equivalence import train_steps
+from tfpar.testing.tiny_model import tiny_model
 
 __all__ = ["StrategyTestCase", "allreduce_steps", "ensure_devices", "for_each_strategy", "fit_steps",
-           "tiny_dataset", "train_steps"]
+           "tiny_dataset", "tiny_model", "train_steps"]
