@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from tfpar import allreduce
+from tfpar import allreduce_loop
 from tfpar import devices as devices_lib
 from tfpar import keras_fixes
 from tfpar.errors import RegistryError
@@ -262,13 +264,12 @@ _REGISTRY["central_storage"] = StrategyEntry(
 
 @register("allreduce", training_loop="allreduce")
 def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
-               bytes_per_pack: int = 25 * 2**20, steps_per_execution: int = 1,
+               bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
+               steps_per_execution: int = 1,
                split_weights: Optional[tuple[float, ...]] = None,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
     """Hand-written loop: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
-    from tfpar import allreduce  # The loop's options are checked here, before any training.
-    from tfpar import allreduce_loop
-
+    # The loop's options are checked here, before any training starts.
     allreduce.check_algorithm(algorithm)
     strategy = _mirrored(devices, cross_device_ops)
     if split_weights is not None:
@@ -276,7 +277,9 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
     if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
         raise RegistryError("steps_per_execution must be an integer >= 1. "
                             f"Received: {steps_per_execution!r}.")
-    del bytes_per_pack  # Any int works: <= 0 means one reduction per variable.
+    if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
+        raise RegistryError("bytes_per_pack must be an integer >= 0 (0: one reduction per "
+                            f"variable). Received: {bytes_per_pack!r}.")
     return strategy
 
 
