@@ -81,6 +81,40 @@ class EquivalenceTest(testing.StrategyTestCase):
                                            self.strategy("mirrored", 2), strategy_name="mirrored")
 
 
+class MixedPrecisionTest(testing.StrategyTestCase):
+
+    def setUp(self):
+        super().setUp()
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        self.addCleanup(keras.mixed_precision.set_global_policy, "float32")
+
+    def test_dynamic_loss_scaling_equals_single_device(self):
+        def model_fn():
+            model = testing.tiny_model()
+            self.assertIsInstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            return model
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(24, batch_size=8),
+                                       self.strategy("allreduce", 2), strategy_name="allreduce",
+                                       rtol=1e-3, atol=1e-4)
+
+    def test_overflowing_step_is_skipped_and_the_scale_halved(self):
+        def model_fn():
+            model = testing.tiny_model()
+            model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+                              keras.optimizers.SGD(0.1), initial_scale=2.0**40),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+        strategy = self.strategy("allreduce", 2)
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(8), strategy,
+                                       strategy_name="allreduce", rtol=1e-3, atol=1e-4)
+        with strategy.scope():
+            model = model_fn()
+        before = model.get_weights()
+        testing.allreduce_steps(model, testing.tiny_dataset(8), strategy)
+        self.assertEqual(model.optimizer.dynamic_scale.numpy(), 2.0**39)
+        self.assertAllClose(before, model.get_weights())
+
+
 class UnevenDataTest(testing.StrategyTestCase):
 
     @parameterized.named_parameters(

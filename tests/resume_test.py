@@ -43,7 +43,7 @@ class ResumeTest(SameStateTestCase):
         config = training.TrainConfig(strategy=strategy_name, dataset="synthetic", epochs=3,
                                       batch_size=48, verbose=0)
         # (The weights show up twice: as model_variables and as the optimizer's.)
-        splits = testing_splits()
+        splits = synthetic_splits()
         whole = os.path.join(base, f"{strategy_name}_whole")
         training.train_on_devices(dataclasses.replace(config, model_dir=whole), 2, splits)
         parts = os.path.join(base, f"{strategy_name}_parts")
@@ -57,7 +57,7 @@ class ResumeTest(SameStateTestCase):
         self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
 
 
-def testing_splits():
+def synthetic_splits():
     return data.load("synthetic", image_shape=(28, 28, 1), synthetic_size=(100, 20))
 
 

@@ -60,6 +60,8 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"], r"does not exist"),
         ("output_folder_missing", ["--output=/no/such/r.json"], r"folder of output path .* does "
                                                                  r"not exist"),
+        ("jit_on_cpu_replicas", ["--num_devices=2", "--jit_compile"],
+         r"--jit_compile cannot run on 2 CPU replicas"),
         ("flag_for_other_strategy", ["--allreduce=ring"], r"--allreduce does not apply to "
                                                           r"strategy 'mirrored'"),
     )

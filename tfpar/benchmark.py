@@ -76,7 +76,8 @@ class Measurement:
 class _Runner:
     """One built configuration: runs ``steps`` training steps and returns the seconds taken."""
 
-    def __init__(self, strategy_name, device_set, model_name, batch_size, steps, image_shape):
+    def __init__(self, strategy_name, device_set, model_name, batch_size, steps, image_shape,
+                 dtype):
         self.measurement = Measurement(strategy_name, list(device_set.names), model_name,
                                        batch_size)
         self.steps = steps
@@ -86,10 +87,16 @@ class _Runner:
             strategy = strategies.get(strategy_name, device_set)
             self.loop = strategies.entry(strategy_name).training_loop
         self.strategy = strategy
-        with strategy.scope():
-            self.model = models.build(model_name, num_classes=10, input_shape=image_shape)
-            self.model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        previous = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(dtype)  # Layers keep the policy they are built with.
+        try:
+            with strategy.scope():
+                self.model = models.build(model_name, num_classes=10, input_shape=image_shape)
+                self.model.compile(
+                    optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
         self.measurement.training_flops_per_image = flops.training_flops_per_image(self.model)
         rng = np.random.default_rng(0)
         images = rng.random((batch_size, *image_shape), dtype=np.float32)
@@ -111,8 +118,8 @@ class _Runner:
 def run(strategy_names: Sequence[str], device_sets: Sequence[devices_lib.DeviceSpec],
         model_names: Sequence[str], batch_size: int, steps: int = 10, warmup_rounds: int = 1,
         rounds: int = 5, image_shape: tuple[int, int, int] = (28, 28, 1),
-        baseline: bool = False, progress: Optional[Callable[[str], None]] = print
-        ) -> list[Measurement]:
+        baseline: bool = False, progress: Optional[Callable[[str], None]] = print,
+        dtype: str = "float32") -> list[Measurement]:
     """Measures every strategy x device set x model, interleaved; returns the measurements.
 
     Args:
@@ -126,6 +133,7 @@ def run(strategy_names: Sequence[str], device_sets: Sequence[devices_lib.DeviceS
         image_shape: Synthetic image shape.
         baseline: Also measure plain Keras with no strategy on one device.
         progress: Called with a line of progress text; ``None`` for silence.
+        dtype: Keras dtype policy of the models (e.g. ``mixed_bfloat16``).
 
     Returns:
         One :class:`Measurement` per configuration.
@@ -134,7 +142,7 @@ def run(strategy_names: Sequence[str], device_sets: Sequence[devices_lib.DeviceS
     configs = [(s, d, m) for m in model_names for s in strategy_names for d in resolved]
     if baseline:
         configs = [(BASELINE, devices_lib.resolve(1), m) for m in model_names] + configs
-    runners = [_Runner(s, d, m, batch_size, steps, image_shape) for s, d, m in configs]
+    runners = [_Runner(s, d, m, batch_size, steps, image_shape, dtype) for s, d, m in configs]
     for round_index in range(warmup_rounds + rounds):
         warm = round_index < warmup_rounds
         for runner in runners:

@@ -23,6 +23,7 @@ from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import evaluation
 from tfpar import models
+from tfpar import profiling
 from tfpar import replica_statistics
 from tfpar import strategies
 from tfpar import timing
@@ -31,6 +32,7 @@ from tfpar.errors import NonFiniteLossError
 from tfpar.loss_guard import StopOnNonFiniteLoss
 
 OPTIMIZERS = ("sgd", "adam")
+DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,12 @@ class TrainConfig:
         resume: Resume from the state in ``model_dir`` when there is some.
         deterministic: Make TensorFlow ops deterministic, so two runs on the same device set
             give identical weights (slower on GPUs).
+        dtype: Keras dtype policy: ``float32``, ``bfloat16``, or mixed precision
+            ``mixed_float16`` (with dynamic loss scaling) / ``mixed_bfloat16``.
+        jit_compile: Compile the training step with XLA.
+        steps_per_execution: Training steps per compiled call.
+        profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
+        profile_dir: Where the trace goes.
     """
 
     strategy: str = "mirrored"
@@ -77,6 +85,11 @@ class TrainConfig:
     model_dir: Optional[str] = None
     resume: bool = True
     deterministic: bool = False
+    dtype: str = "float32"
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+    profile_steps: Optional[tuple[int, int]] = None
+    profile_dir: str = "tfpar_profile"
 
     def __post_init__(self):
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
@@ -88,6 +101,16 @@ class TrainConfig:
         _check(self.optimizer in OPTIMIZERS,
                f"optimizer must be one of {', '.join(OPTIMIZERS)}. Received: {self.optimizer!r}.")
         _check(0 <= self.momentum < 1, f"momentum must be in [0, 1). Received: {self.momentum!r}.")
+        _check(self.dtype in DTYPES,
+               f"dtype must be one of {', '.join(DTYPES)}. Received: dtype={self.dtype!r}.")
+        _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
+               "steps_per_execution must be an integer >= 1. "
+               f"Received: {self.steps_per_execution!r}.")
+        _check(self.profile_steps is None or (len(self.profile_steps) == 2
+                                              and 1 <= self.profile_steps[0]
+                                              <= self.profile_steps[1]),
+               "profile_steps is (first, last) with 1 <= first <= last. "
+               f"Received: {self.profile_steps!r}.")
 
     def for_devices(self, num_devices: int) -> tuple[int, float]:
         """Returns ``(global batch size, learning rate)`` for a set of ``num_devices``."""
@@ -150,21 +173,55 @@ def make_optimizer(config: TrainConfig, lr: float) -> keras.optimizers.Optimizer
 
 
 def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
-                         strategy: tf.distribute.Strategy, lr: float) -> keras.Model:
+                         strategy: tf.distribute.Strategy, lr: float,
+                         fit_options: bool = True) -> keras.Model:
     """Builds and compiles the configured model under ``strategy``'s scope.
+
+    The dtype policy is in force while the model is built (layers keep it) and restored after.
+
+    Args:
+        config: The configuration.
+        splits: The dataset (its image shape and classes shape the model).
+        strategy: The strategy.
+        lr: Learning rate.
+        fit_options: Compile ``jit_compile`` and ``steps_per_execution`` into the model for
+            ``model.fit`` (the hand-written loop takes them itself).
 
     Raises:
         DatasetError: If the dataset's images do not fit the model.
     """
     kwargs = {"synchronized_batchnorm": True} if config.sync_batchnorm else {}
-    with strategy.scope():
-        model = models.build(config.model, num_classes=splits.num_classes,
-                             input_shape=splits.image_shape, **kwargs)
-        data_lib.check_image_shape(splits, model.input_shape[1:])
-        model.compile(optimizer=make_optimizer(config, lr),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(config.dtype)
+    try:
+        with strategy.scope():
+            model = models.build(config.model, num_classes=splits.num_classes,
+                                 input_shape=splits.image_shape, **kwargs)
+            data_lib.check_image_shape(splits, model.input_shape[1:])
+            extra = (dict(jit_compile=config.jit_compile,
+                          steps_per_execution=config.steps_per_execution) if fit_options else {})
+            model.compile(optimizer=make_optimizer(config, lr),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"], **extra)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     return model
+
+
+def check_compile_options(config: TrainConfig, strategy: tf.distribute.Strategy,
+                          device_set: devices_lib.DeviceSet) -> None:
+    """Raises for compile options that the stack cannot run on this strategy and devices.
+
+    Raises:
+        ConfigError: For XLA across several CPU replicas (XLA cannot reach another device's
+            resources; TensorFlow fails with an InvalidArgumentError deep in the graph).
+    """
+    replicas = strategy.num_replicas_in_sync
+    if config.jit_compile and replicas > 1 and not device_set.is_gpu_only:
+        raise ConfigError(f"--jit_compile cannot run on {replicas} CPU replicas: XLA cannot "
+                          "reach another device's resources. Use one device, GPUs, or drop "
+                          "--jit_compile.")
+
 
 
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
@@ -199,10 +256,12 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
                  config.model, device_set, config.strategy, strategy.num_replicas_in_sync,
                  batch_size, lr)
+    check_compile_options(config, strategy, device_set)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    model = build_compiled_model(config, splits, strategy, lr)
+    model = build_compiled_model(config, splits, strategy, lr,
+                                 fit_options=entry.training_loop == "fit")
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     timer = timing.EpochTimer(splits.num_train)
     loss_guard = StopOnNonFiniteLoss()
@@ -215,6 +274,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
         initial_epoch = checkpoint.restore() if config.resume else 0
         callbacks.append(checkpoint)
+    if config.profile_steps:
+        callbacks.append(profiling.ProfileSteps(*config.profile_steps, config.profile_dir))
     callbacks += user_callbacks
     # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
     # an uninterrupted one.
@@ -225,8 +286,10 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                     verbose=config.verbose)
     if entry.training_loop == "allreduce":
         from tfpar import allreduce_loop  # The hand-written loop is only needed by its entries.
-        history = allreduce_loop.fit(model, train, strategy=strategy, **fit_args,
-                                     **allreduce_loop.loop_options(config.strategy_options))
+        options = {"steps_per_execution": config.steps_per_execution,
+                   "jit_compile": config.jit_compile,
+                   **allreduce_loop.loop_options(config.strategy_options)}
+        history = allreduce_loop.fit(model, train, strategy=strategy, **fit_args, **options)
     else:
         history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)

@@ -22,7 +22,8 @@ from tfpar import launcher
 _RESULT = re.compile(r"^\[worker 0\] IMAGES_PER_SECOND=([0-9.]+)$", re.MULTILINE)
 
 
-def run_worker(model_name: str, batch_per_worker: int, steps: int, warmup_steps: int) -> None:
+def run_worker(model_name: str, batch_per_worker: int, steps: int, warmup_steps: int,
+               inter_op_threads: int = 1) -> None:
     """One worker's part (run under the launcher): prints ``IMAGES_PER_SECOND=`` on worker 0."""
     import keras
     import numpy as np
@@ -32,9 +33,10 @@ def run_worker(model_name: str, batch_per_worker: int, steps: int, warmup_steps:
     from tfpar import models
     from tfpar import strategies
 
-    # One core per worker; must come before TensorFlow initialises.
+    # One core of compute per worker; must come before TensorFlow initialises. More inter-op
+    # threads let the collective's communication run beside the compute.
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
     strategy = strategies.get("multi_worker", 1)
     global_batch = batch_per_worker * strategy.num_replicas_in_sync
     with strategy.scope():
@@ -67,7 +69,7 @@ class WorkerMeasurement:
 
 
 def measure(worker_counts: Sequence[int], model_name: str, batch_per_worker: int, steps: int,
-            warmup_steps: int, rounds: int,
+            warmup_steps: int, rounds: int, inter_op_threads: int = 1,
             progress: Optional[Callable[[str], None]] = print) -> list[WorkerMeasurement]:
     """Launches every worker count ``rounds`` times, alternating; returns the measurements.
 
@@ -77,7 +79,7 @@ def measure(worker_counts: Sequence[int], model_name: str, batch_per_worker: int
     results = [WorkerMeasurement(n) for n in worker_counts]
     command = [sys.executable, "-m", "tfpar.cli.worker_benchmark", f"--model={model_name}",
                f"--batch_per_worker={batch_per_worker}", f"--steps={steps}",
-               f"--warmup_steps={warmup_steps}"]
+               f"--warmup_steps={warmup_steps}", f"--inter_op_threads={inter_op_threads}"]
     for round_index in range(rounds):
         for result in results:
             out = io.StringIO()

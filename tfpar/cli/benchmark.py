@@ -15,6 +15,7 @@ from tfpar import atomic_io
 from tfpar import benchmark
 from tfpar import models
 from tfpar import strategies
+from tfpar import training
 from tfpar.cli import common
 from tfpar.errors import ConfigError
 
@@ -28,6 +29,8 @@ flags.DEFINE_integer("steps", 10, "Training steps per measured round.")
 flags.DEFINE_integer("warmup_rounds", 1, "Unmeasured rounds before measuring.")
 flags.DEFINE_integer("rounds", 5, "Measured rounds (interleaved across configurations).")
 flags.DEFINE_integer("epoch_examples", 60_000, "Epoch size for the sec/epoch column.")
+flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
+                  "Keras dtype policy of the models.")
 flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy on one device.")
 flags.DEFINE_string("output", None, "Write the measurements to this JSON file.")
 flags.DEFINE_string("csv", None, "Write the table to this CSV file.")
@@ -51,7 +54,7 @@ def main(argv: list[str]) -> None:
     measurements = benchmark.run(FLAGS.strategies, device_sets, FLAGS.models,
                                  FLAGS.batch_size, steps=FLAGS.steps,
                                  warmup_rounds=FLAGS.warmup_rounds, rounds=FLAGS.rounds,
-                                 baseline=FLAGS.baseline)
+                                 baseline=FLAGS.baseline, dtype=FLAGS.dtype)
     print()
     print(benchmark.table(measurements, FLAGS.epoch_examples))
     if FLAGS.output:

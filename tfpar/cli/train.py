@@ -53,7 +53,14 @@ flags.DEFINE_enum("allreduce", "collective", ["collective", "naive", "ring"],
                   "All-reduce algorithm of the 'allreduce' strategy's hand-written loop.")
 flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
                      "'allreduce': gradient bucket size in bytes (0: one reduction per variable).")
-flags.DEFINE_integer("steps_per_execution", 1, "'allreduce': training steps per compiled call.")
+flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
+flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
+                  "Keras dtype policy; mixed_float16 trains with dynamic loss scaling.")
+flags.DEFINE_bool("jit_compile", False,
+                  "Compile the training step with XLA (one CPU device, or GPUs).")
+flags.DEFINE_list("profile_steps", None,
+                  "first,last steps to trace for TensorBoard's profiler, e.g. 10,15.")
+flags.DEFINE_string("profile_dir", "tfpar_profile", "Where --profile_steps writes the trace.")
 flags.DEFINE_list("split_weights", None,
                   "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
                   "device (an even split if unset).")
@@ -87,7 +94,7 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
     options = common.strategy_options(FLAGS.strategy, {
         "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
-        "bytes_per_pack": FLAGS.bytes_per_pack, "steps_per_execution": FLAGS.steps_per_execution,
+        "bytes_per_pack": FLAGS.bytes_per_pack,
         "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
                                 for w in FLAGS.split_weights) if FLAGS.split_weights else None),
         "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
@@ -100,7 +107,11 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
         sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose, model_dir=FLAGS.model_dir,
-        resume=FLAGS.resume, deterministic=FLAGS.deterministic)
+        resume=FLAGS.resume, deterministic=FLAGS.deterministic, dtype=FLAGS.dtype,
+        jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
+        profile_steps=(tuple(common.parse_count("--profile_steps", n)
+                             for n in FLAGS.profile_steps) if FLAGS.profile_steps else None),
+        profile_dir=FLAGS.profile_dir)
     return config, device_sets
 
 

@@ -21,6 +21,7 @@ flags.DEFINE_integer("batch_per_worker", 32, "Examples per worker and step.")
 flags.DEFINE_integer("steps", 6, "Timed steps per round.")
 flags.DEFINE_integer("warmup_steps", 2, "Untimed steps first (tracing).")
 flags.DEFINE_integer("rounds", 3, "Rounds per worker count (alternating).")
+flags.DEFINE_integer("inter_op_threads", 1, "Inter-op threads per worker (intra-op is 1).")
 
 
 def main(argv: list[str]) -> None:
@@ -29,11 +30,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS.workers:
         worker_benchmark.run_worker(FLAGS.model, FLAGS.batch_per_worker, FLAGS.steps,
-                                    FLAGS.warmup_steps)
+                                    FLAGS.warmup_steps, FLAGS.inter_op_threads)
         return
     counts = [common.parse_count("--workers", w) for w in FLAGS.workers]
     results = worker_benchmark.measure(counts, FLAGS.model, FLAGS.batch_per_worker, FLAGS.steps,
-                                       FLAGS.warmup_steps, FLAGS.rounds)
+                                       FLAGS.warmup_steps, FLAGS.rounds,
+                                       FLAGS.inter_op_threads)
     base = results[0]
     print(f"\n{FLAGS.model}, {FLAGS.batch_per_worker} images per worker and step, one core per "
           "worker:")
