@@ -320,8 +320,8 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
     directory = os.path.join(config.model_dir, f"{config.strategy}_{len(device_set)}_devices")
     checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
     latest = checkpoint.latest
+    # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
-        logging.info("Resuming from the saved training state %s.", latest)
         print(f"Resuming from {latest}", flush=True)
     elif latest:
         print(f"Not resuming (--noresume): training from scratch; {directory} will be "
