@@ -207,8 +207,10 @@ class _Step:
         if self.loss_scale is not None:
             scale /= tf.cast(self.loss_scale.dynamic_scale, scale.dtype)
         reduced_grads = [g * tf.cast(scale, g.dtype) for g in reduced_grads]
-        # Identical on every replica, since the gradients were all-reduced.
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
+        # Identical on every replica, since the gradients were all-reduced. Only loss scaling
+        # needs it (it is a pass over every gradient).
+        finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
+                  if self.loss_scale is not None else tf.constant(True))
         reduced_grads = _clip(self.inner, reduced_grads)
         present_vars = [variables[i] for i in present]
 
