@@ -202,8 +202,7 @@ def check_image_shape(splits: Splits, input_shape: tuple[int, ...]) -> None:
 
 
 def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool = False,
-             seed: Optional[int] = None, drop_remainder: bool = False,
-             repeat: bool = False) -> tf.data.Dataset:
+             seed: Optional[int] = None) -> tf.data.Dataset:
     """Caches, optionally shuffles, batches by the global batch size and prefetches.
 
     Args:
@@ -211,8 +210,6 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
         global_batch_size: Examples per step over all replicas.
         shuffle: Reshuffle every epoch.
         seed: Shuffle seed (for reproducible runs).
-        drop_remainder: Drop a last partial batch (only benchmarks should).
-        repeat: Repeat the epochs forever (each with its own last partial batch).
 
     Returns:
         The batched dataset.
@@ -220,10 +217,7 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
     dataset = dataset.cache()
     if shuffle:
         dataset = dataset.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
-    if repeat:
-        dataset = dataset.repeat()
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def epoch_stream(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
