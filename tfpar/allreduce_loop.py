@@ -41,7 +41,7 @@ from tfpar.errors import ConfigError
 # Compiled steps per model (weakly held: they go with the model).
 _STEPS: "weakref.WeakKeyDictionary[keras.Model, dict]" = weakref.WeakKeyDictionary()
 
-_LOOP_OPTIONS = ("algorithm", "bytes_per_pack", "steps_per_execution", "split_weights")
+_LOOP_OPTIONS = ("algorithm", "bytes_per_pack", "split_weights")
 
 
 def loop_options(strategy_options: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +85,17 @@ def check_split_weights(weights: Optional[Sequence[float]], strategy: tf.distrib
     if len(strategy.extended.worker_devices) != strategy.num_replicas_in_sync:
         raise ConfigError("split_weights works within one process, not across workers.")
     return weights
+
+
+def build_optimizer(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Creates the optimizer's slot variables under ``strategy`` if they do not exist yet.
+
+    Building twice would replace the slots (and with them restored state) on optimizers that
+    do not guard against it, so this builds only an unbuilt optimizer.
+    """
+    if not model.optimizer.built:
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
 
 
 def _per_example_loss(model: keras.Model):
@@ -149,7 +160,6 @@ class _Step:
         self.steps_per_execution = steps_per_execution
         self.split_weights = split_weights
         self.loss_fn = _per_example_loss(model)
-        self.optimizer = model.optimizer
         # Mixed float16 training wraps the optimizer for dynamic loss scaling.
         self.loss_scale = (model.optimizer if isinstance(
             model.optimizer, keras.optimizers.LossScaleOptimizer) else None)
@@ -284,7 +294,7 @@ class _Step:
         """
         if steps not in self._functions:
             def run(iterator):
-                if steps == 1:  # No loop: a while-loop body is optimised less (measured).
+                if steps == 1:  # The common case needs no while loop around the step.
                     self._one_step(next(iterator))
                 else:
                     for _ in tf.range(steps):
@@ -380,8 +390,7 @@ def fit(model: keras.Model, dataset: tf.data.Dataset, *, epochs: int = 1,
         raise ConfigError("Compile the model (optimizer and loss) before training it.")
     check_optimizer(model.optimizer)
     split_weights = check_split_weights(split_weights, strategy)
-    with strategy.scope():
-        model.optimizer.build(model.trainable_variables)  # Slots exist before tracing.
+    build_optimizer(model, strategy)  # Slots exist before tracing.
     # Like Keras's model.train_function, the compiled step is kept for later calls: tracing a
     # model such as ResNet-18 takes seconds.
     key = (id(strategy), id(model.optimizer), algorithm, bytes_per_pack, steps_per_execution,

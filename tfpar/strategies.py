@@ -265,7 +265,6 @@ _REGISTRY["central_storage"] = StrategyEntry(
 @register("allreduce", training_loop="allreduce")
 def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
-               steps_per_execution: int = 1,
                split_weights: Optional[tuple[float, ...]] = None,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
     """Hand-written loop: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
@@ -274,9 +273,6 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
     strategy = _mirrored(devices, cross_device_ops)
     if split_weights is not None:
         allreduce_loop.check_split_weights(split_weights, strategy)
-    if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
-        raise RegistryError("steps_per_execution must be an integer >= 1. "
-                            f"Received: {steps_per_execution!r}.")
     if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
         raise RegistryError("bytes_per_pack must be an integer >= 0 (0: one reduction per "
                             f"variable). Received: {bytes_per_pack!r}.")

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfpar import allreduce_loop
 from tfpar import checkpointing
 from tfpar import cluster
 from tfpar import data as data_lib
@@ -223,7 +224,6 @@ def check_compile_options(config: TrainConfig, strategy: tf.distribute.Strategy,
                           "--jit_compile.")
 
 
-
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                      splits: Optional[data_lib.Splits] = None,
                      strategy: Optional[tf.distribute.Strategy] = None,
@@ -285,22 +285,22 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                     steps_per_epoch=steps_per_epoch, callbacks=callbacks,
                     verbose=config.verbose)
     if entry.training_loop == "allreduce":
-        from tfpar import allreduce_loop  # The hand-written loop is only needed by its entries.
-        options = {"steps_per_execution": config.steps_per_execution,
-                   "jit_compile": config.jit_compile,
-                   **allreduce_loop.loop_options(config.strategy_options)}
-        history = allreduce_loop.fit(model, train, strategy=strategy, **fit_args, **options)
+        history = allreduce_loop.fit(
+            model, train, strategy=strategy, steps_per_execution=config.steps_per_execution,
+            jit_compile=config.jit_compile, **fit_args,
+            **allreduce_loop.loop_options(config.strategy_options))
     else:
         history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)
+    timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
         strategy=config.strategy, devices=replica_devices(strategy, device_set),
         model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=evaluation.accuracy(model, test, strategy),
-        sec_per_epoch=timer.steady_epoch_seconds if timer.epoch_seconds else math.nan,
-        first_epoch_seconds=timer.first_epoch_seconds if timer.epoch_seconds else math.nan,
-        images_per_second=timer.steady_images_per_second if timer.epoch_seconds else math.nan,
+        sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
+        first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
+        images_per_second=timer.steady_images_per_second if timed else math.nan,
         epoch_seconds=list(timer.epoch_seconds),
         history={k: [float(v) for v in vs] for k, vs in history.history.items()},
         is_chief=cluster.is_chief(strategy))
@@ -315,8 +315,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
 
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
                       device_set: devices_lib.DeviceSet) -> checkpointing.EpochCheckpoint:
-    with strategy.scope():
-        model.optimizer.build(model.trainable_variables)  # Slots exist before a restore.
+    allreduce_loop.build_optimizer(model, strategy)  # Slots exist before a restore.
     directory = os.path.join(config.model_dir, f"{config.strategy}_{len(device_set)}_devices")
     checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
     latest = checkpoint.latest
@@ -362,18 +361,19 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     if not device_sets:
         raise ConfigError("Give at least one device set, e.g. [1, 2].")
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
-    made = {}
+    multi_worker_strategy = None
     if strategies.entry(config.strategy).multi_process:
         # Collective ops across processes must be set up before TensorFlow runs any op.
         if len(resolved) != 1:
             raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
                               f"(its workers' local devices). Received: {len(resolved)} sets.")
-        made[0] = strategies.get(config.strategy, resolved[0], **config.strategy_options)
+        multi_worker_strategy = strategies.get(config.strategy, resolved[0],
+                                               **config.strategy_options)
     splits = data_lib.load(config.dataset, config.data_dir)
     results = []
-    for i, device_set in enumerate(resolved):
+    for device_set in resolved:
         try:
-            results.append(train_on_devices(config, device_set, splits, made.get(i)))
+            results.append(train_on_devices(config, device_set, splits, multi_worker_strategy))
         except NonFiniteLossError as e:
             e.results = results + e.results  # What was measured so far, for the caller.
             raise

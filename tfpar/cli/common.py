@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import signal
 import sys
@@ -116,10 +115,5 @@ def strategy_listing() -> str:
     """Returns the registered strategies, one ``name: description`` per line."""
     return "\n".join(f"{name}: {description}"
                      for name, description in strategies.available().items())
-
-
-def jsonable(config: Any) -> dict[str, Any]:
-    """Returns a dataclass config as JSON-serialisable data."""
-    return dataclasses.asdict(config)
 
 

@@ -8,6 +8,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app
 from absl import flags
 
@@ -139,7 +141,7 @@ def main(argv: list[str]) -> None:
 
 def _write_results(config: training.TrainConfig, results: list, what: str) -> None:
     if FLAGS.output and results and results[0].is_chief:
-        atomic_io.write_json(FLAGS.output, {"config": common.jsonable(config),
+        atomic_io.write_json(FLAGS.output, {"config": dataclasses.asdict(config),
                                             "results": [r.to_dict() for r in results]})
         print(f"{what} written to {FLAGS.output}")
 
