@@ -76,6 +76,20 @@ class ThreadsTest(tf.test.TestCase):
         self.assertEqual(tf.config.threading.get_intra_op_parallelism_threads(),
                          max(1, cores // 4))
         self.assertEqual(tf.config.threading.get_inter_op_parallelism_threads(), 4)
+        # Each device has a pool of those threads to itself rather than one shared pool.
+        self.assertEqual(os.environ.get(devices.PER_DEVICE_THREAD_POOLS_ENV), "1")
+
+    def test_threads_per_device_must_be_a_positive_integer(self):
+        for bad in (0, -1, 1.5, True, "2"):
+            with self.assertRaisesRegex(DeviceError, r"threads_per_device must be an integer >= "
+                                                     rf"1\. Received: threads_per_device={bad!r}"):
+                devices.ensure_logical_cpus(2, bad)
+
+    def test_threads_cannot_change_after_initialisation(self):
+        tf.constant(1.0)
+        other = tf.config.threading.get_intra_op_parallelism_threads() + 1
+        with self.assertRaisesRegex(DeviceError, f"Cannot give each CPU device {other} thread"):
+            devices.ensure_logical_cpus(2, other)
 
 
 if __name__ == "__main__":
