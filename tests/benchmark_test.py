@@ -1,72 +1,131 @@
-"""Tests of the benchmark: it measures every configuration and tabulates ratios correctly."""
+"""Tests of the benchmark: every configuration in its own process, measured in paired rounds."""
 
 import csv
+import json
 import os
+import subprocess
 
 import tensorflow as tf
 
 from tfpar import benchmark
-from tfpar import testing
+from tfpar.benchmark import Configuration
+from tfpar.benchmark import Measurement
+from tfpar.errors import ConfigError
+
+
+def _measurement(strategy, num_devices, images_per_second, flops=0, all_reduce_seconds=None):
+    devices = [f"CPU:{i}" for i in range(num_devices)]
+    return Measurement(Configuration(strategy, num_devices, "lenet", 8), devices, flops,
+                       images_per_second, all_reduce_seconds or [0.0] * len(images_per_second))
 
 
 class TableTest(tf.test.TestCase):
 
-    def test_ratios(self):
-        m = benchmark.Measurement
+    def test_paired_ratios(self):
         measurements = [
-            m("keras", ["CPU:0"], "lenet", 8, [100.0]),
-            m("mirrored", ["CPU:0"], "lenet", 8, [80.0, 90.0, 100.0]),
-            m("mirrored", ["CPU:0", "CPU:1"], "lenet", 8, [150.0], 2 * 10**7),
-            m("allreduce", ["CPU:0", "CPU:1"], "lenet", 8, [165.0]),
+            _measurement("keras", 1, [100.0, 50.0, 100.0]),
+            _measurement("mirrored", 1, [80.0, 45.0, 100.0]),
+            _measurement("mirrored", 2, [150.0, 60.0, 160.0], 2 * 10**7, [0.01, 0.02, 0.01]),
+            _measurement("allreduce", 2, [165.0, 66.0, 160.0]),
         ]
-        self.assertEqual(measurements[1].median, 90.0)
+        self.assertEqual(measurements[1].median, 80.0)
         self.assertEqual(measurements[1].best, 100.0)
-        self.assertAlmostEqual(measurements[1].spread, 20 / 90)
+        self.assertAlmostEqual(measurements[1].spread, 55 / 80)
+        # Per-round ratios 150/80, 60/45, 160/100: median 1.6 (a ratio of medians would say
+        # 150/80 = 1.875, of bests 1.6 by chance).
+        self.assertAlmostEqual(benchmark.paired_ratio(measurements[2], measurements[1]), 1.6)
         rows = benchmark.table(measurements, epoch_examples=900).splitlines()
-        self.assertEqual(rows[0].split(), ["model", "strategy", "devices", "images/s", "median",
-                                           "spread", "GFLOP/s", "sec/epoch", "speedup",
-                                           "efficiency", "vs", "first", "vs", "keras"])
-        # mirrored on 2 against its best round on 1 (100): speedup 1.50x, efficiency 0.75,
-        # vs keras 150/100; 150 images/s * 2e7 FLOPs = 3 GFLOP/s.
-        self.assertRegex(rows[4], r"mirrored +\[CPU:0, CPU:1\] +150\.0 +150\.0 +0% +3\.0 +6\.0 "
-                                  r"+1\.50x +0\.75 +1\.000 +1\.500")
-        # allreduce over mirrored on the same devices: 165/150 = 1.1.
-        self.assertRegex(rows[5], r"allreduce .* 1\.100 +1\.650$")
+        self.assertEqual(rows[0].split(), ["model", "strategy", "devices", "threads", "images/s",
+                                           "best", "spread", "GFLOP/s", "sec/epoch",
+                                           "all-reduce", "speedup", "efficiency", "vs", "first",
+                                           "vs", "keras"])
+        self.assertRegex(rows[2], r"^lenet +keras +\[CPU:0\] +- +100\.0 +100\.0 +50% ")
+        # mirrored on 2: median 150 images/s * 2e7 FLOPs = 3 GFLOP/s, 900 / 150 = 6 s/epoch;
+        # all-reduce share of a step (8 images): 0.01 s * 150 / 8, 0.02 * 60 / 8, 0.01 * 160 / 8
+        # -> median 19%; speedup over 1 device 1.6x, efficiency 0.8; vs keras: 1.5, 1.2, 1.6
+        # -> 1.5.
+        self.assertRegex(rows[4], r"mirrored +\[CPU:0, CPU:1\] +1 +150\.0 +160\.0 +67% +3\.0 "
+                                  r"+6\.0 +19% +1\.60x +0\.80 +1\.000 +1\.500$")
+        # allreduce over mirrored on the same devices: 1.1, 1.1, 1.0 -> 1.1.
+        self.assertRegex(rows[5], r"allreduce .* 1\.100 +1\.600$")
 
 
 class FilesTest(tf.test.TestCase):
 
-    def test_csv_and_plot(self):
-        measurements = [benchmark.Measurement(s, ["CPU:0", "CPU:1"][:n], "lenet", 8, [100.0 * n])
-                        for s in ("mirrored", "allreduce") for n in (1, 2)]
+    def test_csv_json_and_plot(self):
+        measurements = [_measurement(s, n, [100.0 * n, 90.0 * n]) for s in ("mirrored", "allreduce")
+                        for n in (1, 2)] + [_measurement("keras", 1, [120.0, 110.0])]
         path = os.path.join(self.get_temp_dir(), "bench.csv")
         benchmark.write_csv(path, measurements)
         with open(path, encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         self.assertEqual([(r["strategy"], r["num_devices"], r["speedup"]) for r in rows],
                          [("mirrored", "1", "1.0"), ("mirrored", "2", "2.0"),
-                          ("allreduce", "1", "1.0"), ("allreduce", "2", "2.0")])
+                          ("allreduce", "1", "1.0"), ("allreduce", "2", "2.0"),
+                          ("keras", "1", "1.0")])
+        json_path = os.path.join(self.get_temp_dir(), "bench.json")
+        benchmark.write_json(json_path, measurements)
+        with open(json_path, encoding="utf-8") as f:
+            first = json.load(f)[0]
+        self.assertEqual(first["configuration"]["strategy"], "mirrored")
+        self.assertEqual((first["images_per_second"], first["median"]), ([100.0, 90.0], 95.0))
         png = os.path.join(self.get_temp_dir(), "bench.png")
         benchmark.plot(png, measurements)
         with open(png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
 
-class RunTest(testing.StrategyTestCase):
+class ConfigurationsTest(tf.test.TestCase):
+
+    def test_every_device_gets_the_same_share_by_default(self):
+        sweep = benchmark.configurations(["mirrored", "allreduce"], [1, 4], ["lenet"], 32,
+                                         baseline=True, dtype="bfloat16")
+        threads = max(1, os.cpu_count() // 4)
+        self.assertEqual(sweep, [
+            Configuration("keras", 1, "lenet", 32, dtype="bfloat16"),
+            Configuration("mirrored", 1, "lenet", 32, threads, dtype="bfloat16"),
+            Configuration("mirrored", 4, "lenet", 32, threads, dtype="bfloat16"),
+            Configuration("allreduce", 1, "lenet", 32, threads, dtype="bfloat16"),
+            Configuration("allreduce", 4, "lenet", 32, threads, dtype="bfloat16")])
+        self.assertEqual(Configuration.from_json(sweep[2].to_json()), sweep[2])
+
+
+def _benchmark_processes():
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "tfpar.benchmark_worker" in line]
+
+
+class RunTest(tf.test.TestCase):
 
     def test_measures_each_configuration_every_round(self):
         lines = []
-        measurements = benchmark.run(["mirrored", "allreduce"], [1, 2], ["lenet"], batch_size=8,
-                                     steps=2, warmup_rounds=1, rounds=2, baseline=True,
-                                     progress=lines.append)
-        self.assertEqual([(m.strategy, len(m.devices)) for m in measurements],
-                         [("keras", 1), ("mirrored", 1), ("mirrored", 2), ("allreduce", 1),
-                          ("allreduce", 2)])
+        sweep = benchmark.configurations(["mirrored", "allreduce", "multi_worker"], [1, 2],
+                                         ["lenet"], 8, baseline=True, ceiling=True,
+                                         warmup_steps=1)
+        measurements = benchmark.run(sweep, steps=3, rounds=2, progress=lines.append)
+        self.assertEqual([(m.strategy, m.devices) for m in measurements],
+                         [("keras", ["CPU:0"]), ("mirrored", ["CPU:0"]),
+                          ("mirrored", ["CPU:0", "CPU:1"]), ("allreduce", ["CPU:0"]),
+                          ("allreduce", ["CPU:0", "CPU:1"]), ("multi_worker", ["CPU:0"]),
+                          ("multi_worker", ["worker:0/CPU:0", "worker:1/CPU:0"]),
+                          ("independent", ["process:0/CPU:0"]),
+                          ("independent", ["process:0/CPU:0", "process:1/CPU:0"])])
         for m in measurements:
             self.assertLen(m.images_per_second, 2)
+            self.assertLen(m.all_reduce_seconds, 2)
             self.assertGreater(m.median, 0)
-        self.assertLen(lines, 5 * 3)
-        self.assertStartsWith(lines[0], "warm-up: lenet keras [CPU:0]")
+            self.assertEqual(m.training_flops_per_image, measurements[0].training_flops_per_image)
+        self.assertLen(lines, 9 + 9 * 2)
+        self.assertEqual(lines[0], "starting lenet keras on 1 device(s), default threads")
+        # The second round starts with the second configuration.
+        self.assertStartsWith(lines[9 + 9], "round 2/2: lenet mirrored on 1 device(s)")
+        self.assertEmpty(_benchmark_processes())
+
+    def test_a_configuration_that_cannot_run_is_a_clear_error(self):
+        sweep = [Configuration("mirrored", 2, "lenet", 8, jit_compile=True)]
+        with self.assertRaisesRegex(ConfigError, "--jit_compile cannot run on 2 CPU replicas"):
+            benchmark.run(sweep, steps=2, rounds=1, progress=None)
+        self.assertEmpty(_benchmark_processes())
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from absl.testing import parameterized
 from tfpar import cluster
 from tfpar import launcher
 from tfpar import testing
-from tfpar import worker_benchmark
 from tfpar.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,17 +108,6 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         testing.fit_steps(reference, multi_worker_worker.dataset(num_examples), None)
         for expected, actual in zip(reference.get_weights(), np.load(final).values()):
             self.assertAllClose(expected, actual, rtol=1e-5, atol=1e-6)
-
-
-class WorkerBenchmarkTest(tf.test.TestCase):
-
-    def test_measures_each_worker_count(self):
-        lines = []
-        results = worker_benchmark.measure([1, 2], "lenet", batch_per_worker=8, steps=2,
-                                           warmup_steps=1, rounds=1, progress=lines.append)
-        self.assertEqual([r.num_workers for r in results], [1, 2])
-        self.assertTrue(all(r.best > 0 for r in results))
-        self.assertRegex(lines[1], r"^round 1/1: 2 worker\(s\) \d+\.\d images/s$")
 
 
 if __name__ == "__main__":

@@ -1,35 +1,84 @@
-"""Throughput benchmark: steady-state images/s of strategies side by side, measured honestly.
+"""Throughput benchmark: steady-state images/s of configurations side by side, measured honestly.
 
-Every configuration (strategy x device set x model) is built first; then the measurement
-rounds interleave them (A, B, C, A, B, C, ...), so slow drifts of a noisy machine hit all
-configurations alike. Each round trains ``steps`` steps on synthetic data after warm-up.
+A configuration is a strategy x device count x model (x dtype, XLA, steps per call). Each one
+runs in a process of its own (:mod:`tfpar.benchmark_worker`; a multi-worker configuration in
+one process per worker), because TensorFlow fixes its threads and devices per process: so a
+1-device run can have one core while a 2-device run has one per device, and plain Keras has
+TensorFlow's defaults. All processes are built and warmed up first and stay alive; then the
+rounds interleave them (A, B, C, then B, C, A, ...), one short slice of ``steps`` steps each,
+while the others wait idle.
 
-Ratios use each configuration's *best* round. Interference from the rest of the machine (on
-the shared 2-core machines here, throttling that halves or thirds a round's speed for
-seconds at a time) only ever slows a round down, so the fastest round is the best estimate of
-the configuration's own speed (the reasoning of Python's ``timeit``). The median and the
-spread of the rounds are reported beside it, so the noise stays visible.
+Ratios between configurations are *paired*: the median over rounds of the per-round ratio.
+The shared machines here change speed for seconds at a time (throttling that halves a
+round's speed, then lifts); configurations measured seconds apart in the same round see
+nearly the same machine, so the per-round ratio cancels most of it, where comparing two
+runs' averages would not. Images/s are reported as the median round, with the best round and
+the spread beside it, so the noise stays visible.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
 import statistics
-import time
+import subprocess
+import sys
+import tempfile
 from typing import Callable, Optional, Sequence
 
-import keras
-import numpy as np
-import tensorflow as tf
-
-from tfpar import data as data_lib
 from tfpar import atomic_io
-from tfpar import devices as devices_lib
-from tfpar import flops
-from tfpar import models
-from tfpar import strategies
+from tfpar import launcher
+from tfpar.errors import ConfigError
 
-BASELINE = "keras"  # Plain single-device Keras: no strategy at all.
+BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
+# N processes each training plain Keras alone on one device of ``threads_per_device`` threads,
+# side by side: data parallelism with no communication at all, the most N devices can give.
+CEILING = "independent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """What one measured configuration trains, and on what.
+
+    Attributes:
+        strategy: Registry name, ``"keras"`` for plain Keras with no strategy, or
+            ``"independent"`` for ``num_devices`` plain Keras processes side by side.
+        num_devices: Replicas: logical devices in one process, or worker processes of one
+            device each for multi-process strategies (``multi_worker``).
+        model: Model name.
+        batch_size: Global batch size (over all replicas).
+        threads_per_device: Intra-op threads of each device; ignored by ``"keras"``, which
+            keeps TensorFlow's defaults (every core).
+        dtype: Keras dtype policy.
+        jit_compile: Compile the step with XLA.
+        steps_per_execution: Steps per compiled call.
+        warmup_steps: Unmeasured steps after building (tracing, allocator warm-up).
+        image_shape: Synthetic image shape.
+    """
+
+    strategy: str
+    num_devices: int
+    model: str
+    batch_size: int
+    threads_per_device: int = 1
+    dtype: str = "float32"
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+    warmup_steps: int = 3
+    image_shape: tuple[int, ...] = (28, 28, 1)
+
+    def to_json(self) -> str:
+        """The configuration as JSON (the worker's command-line argument)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Configuration":
+        """Inverse of :meth:`to_json`."""
+        fields = json.loads(text)
+        fields["image_shape"] = tuple(fields["image_shape"])
+        return cls(**fields)
 
 
 @dataclasses.dataclass
@@ -37,35 +86,51 @@ class Measurement:
     """The images/s of one configuration over the measurement rounds.
 
     Attributes:
-        strategy: Strategy name, or ``"keras"`` for the plain baseline.
-        devices: Device names.
-        model: Model name.
-        batch_size: Global batch size.
-        images_per_second: One figure per round.
+        configuration: What was measured.
+        devices: The replicas' devices (``worker:1/CPU:0`` for other workers' devices).
         training_flops_per_image: FLOPs of one training step per image (see tfpar.flops).
+        images_per_second: One figure per round.
+        all_reduce_seconds: Per round, the time of one all-reduce of the model's gradients
+            through the strategy alone: the communication in every step.
     """
 
-    strategy: str
+    configuration: Configuration
     devices: list[str]
-    model: str
-    batch_size: int
-    images_per_second: list[float] = dataclasses.field(default_factory=list)
     training_flops_per_image: int = 0
+    images_per_second: list[float] = dataclasses.field(default_factory=list)
+    all_reduce_seconds: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's registry name, or ``"keras"``."""
+        return self.configuration.strategy
+
+    @property
+    def model(self) -> str:
+        """The model's name."""
+        return self.configuration.model
 
     @property
     def best(self) -> float:
-        """Best (highest) images/s over the rounds: the headline figure."""
+        """Best (highest) images/s over the rounds."""
         return max(self.images_per_second)
 
     @property
     def median(self) -> float:
-        """Median images/s over the rounds."""
+        """Median images/s over the rounds: the headline figure."""
         return statistics.median(self.images_per_second)
 
     @property
+    def all_reduce_share(self) -> float:
+        """Median over rounds of the all-reduce's share of a step's time."""
+        return statistics.median(
+            seconds * ips / self.configuration.batch_size
+            for seconds, ips in zip(self.all_reduce_seconds, self.images_per_second))
+
+    @property
     def gflops_per_second(self) -> float:
-        """Achieved training GFLOP/s at the best images/s."""
-        return self.best * self.training_flops_per_image / 1e9
+        """Achieved training GFLOP/s at the median images/s."""
+        return self.median * self.training_flops_per_image / 1e9
 
     @property
     def spread(self) -> float:
@@ -73,107 +138,183 @@ class Measurement:
         return (max(self.images_per_second) - min(self.images_per_second)) / self.median
 
 
-class _Runner:
-    """One built configuration: runs ``steps`` training steps and returns the seconds taken."""
-
-    def __init__(self, strategy_name, device_set, model_name, batch_size, steps, image_shape,
-                 dtype):
-        self.measurement = Measurement(strategy_name, list(device_set.names), model_name,
-                                       batch_size)
-        self.steps = steps
-        if strategy_name == BASELINE:
-            strategy, self.loop = tf.distribute.get_strategy(), "fit"
-        else:
-            strategy = strategies.get(strategy_name, device_set)
-            self.loop = strategies.entry(strategy_name).training_loop
-        self.strategy = strategy
-        previous = keras.mixed_precision.global_policy()
-        keras.mixed_precision.set_global_policy(dtype)  # Layers keep the policy they are built with.
-        try:
-            with strategy.scope():
-                self.model = models.build(model_name, num_classes=10, input_shape=image_shape)
-                self.model.compile(
-                    optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        finally:
-            keras.mixed_precision.set_global_policy(previous)
-        self.measurement.training_flops_per_image = flops.training_flops_per_image(self.model)
-        rng = np.random.default_rng(0)
-        images = rng.random((batch_size, *image_shape), dtype=np.float32)
-        labels = rng.integers(0, 10, batch_size).astype(np.int32)
-        # One cached batch repeated: the benchmark measures training, not input decoding.
-        self.dataset = (tf.data.Dataset.from_tensors((images, labels)).repeat(steps)
-                        .prefetch(tf.data.AUTOTUNE))
-
-    def run(self) -> float:
-        start = time.perf_counter()
-        if self.loop == "allreduce":
-            from tfpar import allreduce_loop
-            allreduce_loop.fit(self.model, self.dataset, strategy=self.strategy, verbose=0)
-        else:
-            self.model.fit(self.dataset, verbose=0)
-        return time.perf_counter() - start
+def paired_ratio(a: Measurement, b: Measurement) -> float:
+    """Median over rounds of ``a``'s images/s divided by ``b``'s in the same round."""
+    return statistics.median(x / y for x, y in zip(a.images_per_second, b.images_per_second))
 
 
-def run(strategy_names: Sequence[str], device_sets: Sequence[devices_lib.DeviceSpec],
-        model_names: Sequence[str], batch_size: int, steps: int = 10, warmup_rounds: int = 1,
-        rounds: int = 5, image_shape: tuple[int, int, int] = (28, 28, 1),
-        baseline: bool = False, progress: Optional[Callable[[str], None]] = print,
-        dtype: str = "float32") -> list[Measurement]:
-    """Measures every strategy x device set x model, interleaved; returns the measurements.
+def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
+                   model_names: Sequence[str], batch_size: int,
+                   threads_per_device: Optional[int] = None, baseline: bool = False,
+                   ceiling: bool = False, **options) -> list[Configuration]:
+    """The sweep: every model x strategy x device count, plain Keras first if ``baseline``.
 
     Args:
-        strategy_names: Registry names (single-process ones).
-        device_sets: Device sets, e.g. ``[1, 2]``.
+        strategy_names: Registry names.
+        device_counts: Device counts (worker counts for multi-process strategies).
         model_names: Model names.
-        batch_size: Global batch size.
-        steps: Training steps per round.
-        warmup_rounds: Unmeasured rounds first (tracing, allocator warm-up).
-        rounds: Measured rounds.
-        image_shape: Synthetic image shape.
-        baseline: Also measure plain Keras with no strategy on one device.
+        batch_size: Global batch size, the same for every configuration.
+        threads_per_device: Intra-op threads of each device. ``None``: the cores divided by
+            the largest device count, so every device of every configuration has the same share
+            (with 2 cores and counts 1, 2: one core each, and "2 / 1" is scaling from one core
+            to two).
+        ceiling: Also ``"independent"`` for every device count: that many processes
+            training alone, side by side, one device each; their total images/s is what the
+            machine gives that many devices with no communication, the ceiling of any strategy.
+        baseline: Also plain Keras with no strategy on TensorFlow's default threads (all cores):
+            ``vs keras`` is then a comparison on the same cores.
+        **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
+    """
+    if threads_per_device is None:
+        threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
+    sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
+             for m in model_names] if baseline else []
+    strategy_names = list(strategy_names) + ([CEILING] if ceiling else [])
+    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, **options)
+                    for m in model_names for s in strategy_names for n in device_counts]
+
+
+class _Processes:
+    """The running process(es) of one configuration, answering ``RUN k`` requests."""
+
+    def __init__(self, configuration: Configuration, multi_process: bool,
+                 stack: contextlib.ExitStack):
+        self.configuration = configuration
+        count = configuration.num_devices if multi_process else 1
+        if multi_process and configuration.strategy != CEILING:
+            environments = [dict(os.environ, TF_CONFIG=c) for c in launcher.tf_configs(count)]
+        else:
+            environments = [dict(os.environ)] * count
+        self.processes, self.logs = [], []
+        for env in environments:
+            log = stack.enter_context(tempfile.TemporaryFile("w+"))
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tfpar.benchmark_worker", configuration.to_json()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+            stack.callback(_end, process)
+            self.processes.append(process)
+            self.logs.append(log)
+        self.info = [json.loads(self._reply(i, "READY")) for i in range(count)][0]
+
+    def _reply(self, index: int, verb: str) -> str:
+        process = self.processes[index]
+        for line in process.stdout:
+            if line.startswith(verb + " "):
+                return line[len(verb) + 1:].strip()
+            if line.startswith("ERROR "):
+                raise ConfigError(line[len("ERROR "):].strip())
+        process.wait()
+        self.logs[index].seek(0)
+        raise RuntimeError(f"The benchmark process of {self.configuration} (worker {index}) "
+                           f"ended with status {process.returncode}:\n"
+                           f"{self.logs[index].read()[-3000:]}")
+
+    def measure(self, steps: int) -> tuple[float, float]:
+        """Trains ``steps`` steps; returns images/s and the seconds of one all-reduce."""
+        for process in self.processes:
+            process.stdin.write(f"RUN {steps}\n")
+            process.stdin.flush()
+        replies = [self._reply(i, "DONE").split() for i in range(len(self.processes))]
+        rates = [int(steps) * self.configuration.batch_size / float(seconds)
+                 for seconds, steps, _ in replies]
+        # Workers of one job wait on each other: worker 0's rate is the job's. Independent
+        # processes each train the whole batch: their rates add up.
+        rate = sum(rates) if self.configuration.strategy == CEILING else rates[0]
+        return rate, float(replies[0][2])
+
+
+def _end(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
+        progress: Optional[Callable[[str], None]] = print) -> list[Measurement]:
+    """Starts every configuration, then measures them in interleaved rounds.
+
+    Args:
+        sweep: The configurations (see :func:`configurations`).
+        steps: Training steps per measured slice (at least two compiled calls).
+        rounds: Measured rounds; each configuration runs one slice per round.
         progress: Called with a line of progress text; ``None`` for silence.
-        dtype: Keras dtype policy of the models (e.g. ``mixed_bfloat16``).
 
     Returns:
-        One :class:`Measurement` per configuration.
+        One :class:`Measurement` per configuration, in ``sweep``'s order.
+
+    Raises:
+        ConfigError: If a configuration cannot run (e.g. XLA on several CPU replicas).
+        RuntimeError: If a configuration's process fails (its error output is in the message).
     """
-    resolved = [devices_lib.resolve(spec) for spec in device_sets]
-    configs = [(s, d, m) for m in model_names for s in strategy_names for d in resolved]
-    if baseline:
-        configs = [(BASELINE, devices_lib.resolve(1), m) for m in model_names] + configs
-    runners = [_Runner(s, d, m, batch_size, steps, image_shape, dtype) for s, d, m in configs]
-    for round_index in range(warmup_rounds + rounds):
-        warm = round_index < warmup_rounds
-        for runner in runners:
-            seconds = runner.run()
-            if not warm:
-                runner.measurement.images_per_second.append(steps * batch_size / seconds)
+    from tfpar import strategies  # Imports TensorFlow; the rest of this module does not.
+
+    with contextlib.ExitStack() as stack:
+        running, measurements = [], []
+        for configuration in sweep:
             if progress:
-                m = runner.measurement
-                progress(f"{'warm-up' if warm else f'round {round_index - warmup_rounds + 1}/{rounds}'}"
-                         f": {m.model} {m.strategy} [{', '.join(m.devices)}] "
-                         f"{steps * batch_size / seconds:.1f} images/s")
-    return [runner.measurement for runner in runners]
+                progress(f"starting {_describe(configuration)}")
+            multi_process = configuration.strategy == CEILING or (
+                configuration.strategy != BASELINE
+                and strategies.entry(configuration.strategy).multi_process)
+            processes = _Processes(configuration, multi_process, stack)
+            running.append(processes)
+            measurements.append(Measurement(configuration, processes.info["devices"],
+                                            processes.info["training_flops_per_image"]))
+        for round_index in range(rounds):
+            order = list(range(len(sweep)))
+            order = order[round_index % len(order):] + order[:round_index % len(order)]
+            for i in order:
+                images_per_second, all_reduce_seconds = running[i].measure(steps)
+                measurements[i].images_per_second.append(images_per_second)
+                measurements[i].all_reduce_seconds.append(all_reduce_seconds)
+                if progress:
+                    progress(f"round {round_index + 1}/{rounds}: {_describe(sweep[i])} "
+                             f"{measurements[i].images_per_second[-1]:.1f} images/s")
+    return measurements
+
+
+def _describe(c: Configuration) -> str:
+    threads = ("default threads" if c.strategy == BASELINE
+               else f"{c.threads_per_device} thread(s) each")
+    return f"{c.model} {c.strategy} on {c.num_devices} device(s), {threads}"
+
+
+def _smallest(m: Measurement, measurements: Sequence[Measurement]) -> Measurement:
+    """The same strategy and model on its smallest device count."""
+    return min((o for o in measurements if (o.strategy, o.model) == (m.strategy, m.model)),
+               key=lambda o: len(o.devices))
 
 
 def _rows(measurements: Sequence[Measurement]) -> list[dict]:
     rows = []
     for m in measurements:
-        base = min((o for o in measurements if (o.strategy, o.model) == (m.strategy, m.model)),
-                   key=lambda o: len(o.devices))
-        speedup = m.best / base.best * len(base.devices)
+        base = _smallest(m, measurements)
+        speedup = paired_ratio(m, base) * len(base.devices)
+        first = next(o for o in measurements if o.strategy != BASELINE
+                     and (len(o.devices), o.model) == (len(m.devices), m.model)) \
+            if m.strategy != BASELINE else m
+        keras_run = next((o for o in measurements
+                          if o.strategy == BASELINE and o.model == m.model), None)
+        c = m.configuration
         rows.append({"model": m.model, "strategy": m.strategy, "num_devices": len(m.devices),
-                     "devices": " ".join(m.devices), "batch_size": m.batch_size,
-                     "images_per_second": m.best, "median_images_per_second": m.median,
-                     "spread": m.spread,
-                     "gflops_per_second": m.gflops_per_second, "speedup": speedup,
-                     "efficiency": speedup / len(m.devices)})
+                     "devices": " ".join(m.devices),
+                     "threads_per_device": 0 if m.strategy == BASELINE else c.threads_per_device,
+                     "batch_size": c.batch_size, "dtype": c.dtype,
+                     "images_per_second": m.median, "best_images_per_second": m.best,
+                     "spread": m.spread, "gflops_per_second": m.gflops_per_second,
+                     "all_reduce_share": m.all_reduce_share,
+                     "speedup": speedup, "efficiency": speedup / len(m.devices),
+                     "vs_first": paired_ratio(m, first),
+                     "vs_keras": paired_ratio(m, keras_run) if keras_run else None})
     return rows
 
 
 def write_csv(path: str, measurements: Sequence[Measurement]) -> None:
-    """Writes one CSV row per configuration (median figures), atomically."""
+    """Writes one CSV row per configuration (the columns of :func:`table`), atomically."""
     import csv
     import io
 
@@ -196,7 +337,11 @@ def plot(path: str, measurements: Sequence[Measurement]) -> None:
 
     rows = _rows(measurements)
     figure, (speed, efficiency) = plt.subplots(1, 2, figsize=(10, 4))
-    for key in sorted({(r["model"], r["strategy"]) for r in rows}):
+    for r in rows:
+        if r["strategy"] == BASELINE:  # One configuration: a level to compare against.
+            speed.axhline(r["images_per_second"], linestyle="--", color="gray",
+                          label=f"{r['model']} plain Keras, all cores")
+    for key in sorted({(r["model"], r["strategy"]) for r in rows if r["strategy"] != BASELINE}):
         line = sorted((r for r in rows if (r["model"], r["strategy"]) == key),
                       key=lambda r: r["num_devices"])
         devices = [r["num_devices"] for r in line]
@@ -204,7 +349,7 @@ def plot(path: str, measurements: Sequence[Measurement]) -> None:
                    label=" ".join(key))
         efficiency.plot(devices, [r["efficiency"] for r in line], marker="o",
                         label=" ".join(key))
-    speed.set(xlabel="devices", ylabel="images/s (best round)", title="Throughput")
+    speed.set(xlabel="devices", ylabel="images/s (median round)", title="Throughput")
     efficiency.set(xlabel="devices", ylabel="speedup / devices", title="Scaling efficiency",
                    ylim=(0, 1.2))
     for axes in (speed, efficiency):
@@ -220,27 +365,33 @@ def plot(path: str, measurements: Sequence[Measurement]) -> None:
 def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> str:
     """Returns the results table.
 
-    Columns: images/s (best round; the median and the spread (max - min) / median of the
-    rounds beside it), achieved training GFLOP/s, sec/epoch for ``epoch_examples`` images,
-    speedup over the same strategy and model on its smallest device set, scaling efficiency
-    (speedup / devices), the ratio to the first strategy measured on the same devices and
-    model (e.g. allreduce / mirrored), and to the plain Keras baseline. All ratios compare
-    best rounds.
+    Columns: threads per device (``-``: TensorFlow's default, all cores), images/s (median
+    round; the best round and the spread (max - min) / median beside it), achieved training
+    GFLOP/s, sec/epoch for ``epoch_examples`` images, the share of a step's time that one
+    all-reduce of the gradients takes when timed alone (communication), speedup over the same strategy and model
+    on its smallest device count, scaling efficiency (speedup / devices), the ratio to the
+    first strategy on the same device count and model (e.g. allreduce / mirrored), and to the
+    plain Keras baseline. Ratios are paired: medians of per-round ratios.
     """
-    header = ("model", "strategy", "devices", "images/s", "median", "spread", "GFLOP/s",
-              "sec/epoch", "speedup", "efficiency", "vs first", "vs keras")
+    header = ("model", "strategy", "devices", "threads", "images/s", "best", "spread",
+              "GFLOP/s", "sec/epoch", "all-reduce", "speedup", "efficiency", "vs first",
+              "vs keras")
     rows = [header]
     for m, r in zip(measurements, _rows(measurements)):
-        first = next((o for o in measurements if o.strategy != BASELINE
-                      and (o.devices, o.model) == (m.devices, m.model)), m)
-        keras_run = next((o for o in measurements
-                          if o.strategy == BASELINE and o.model == m.model), None)
-        rows.append((m.model, m.strategy, f"[{', '.join(m.devices)}]", f"{m.best:.1f}",
-                     f"{m.median:.1f}", f"{100 * m.spread:.0f}%", f"{m.gflops_per_second:.1f}",
-                     f"{epoch_examples / m.best:.1f}", f"{r['speedup']:.2f}x",
-                     f"{r['efficiency']:.2f}", f"{m.best / first.best:.3f}",
-                     f"{m.best / keras_run.best:.3f}" if keras_run else "-"))
+        rows.append((m.model, m.strategy, f"[{', '.join(m.devices)}]",
+                     str(r["threads_per_device"] or "-"), f"{m.median:.1f}", f"{m.best:.1f}",
+                     f"{100 * m.spread:.0f}%", f"{m.gflops_per_second:.1f}",
+                     f"{epoch_examples / m.median:.1f}", f"{100 * m.all_reduce_share:.0f}%",
+                     f"{r['speedup']:.2f}x",
+                     f"{r['efficiency']:.2f}", f"{r['vs_first']:.3f}",
+                     "-" if r["vs_keras"] is None else f"{r['vs_keras']:.3f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def write_json(path: str, measurements: Sequence[Measurement]) -> None:
+    """Writes every measurement (configuration, each round, median, best, spread), atomically."""
+    atomic_io.write_json(path, [dict(dataclasses.asdict(m), median=m.median, best=m.best,
+                                     spread=m.spread) for m in measurements])

@@ -1,9 +1,9 @@
-"""``scripts/benchmark.py``: images/s of strategies x device sets x models, side by side.
+"""``scripts/benchmark.py``: images/s of strategies x device counts x models, side by side.
 
 Example::
 
-    python scripts/benchmark.py --strategies=mirrored,allreduce --num_devices=1,2 \\
-        --models=lenet,resnet18 --baseline
+    python scripts/benchmark.py --strategies=mirrored,allreduce,multi_worker \\
+        --num_devices=1,2 --models=lenet --baseline
 """
 
 from __future__ import annotations
@@ -21,17 +21,26 @@ from tfpar.errors import ConfigError
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_list("strategies", ["mirrored", "allreduce"], "Registry strategies to compare.")
-flags.DEFINE_list("num_devices", ["1", "2"], "Device-set sizes.")
+flags.DEFINE_list("strategies", ["mirrored", "allreduce"],
+                  "Registry strategies to compare (multi_worker: one local process per device).")
+flags.DEFINE_list("num_devices", ["1", "2"], "Device counts (worker counts for multi_worker).")
 flags.DEFINE_list("models", ["lenet"], f"Models, of {', '.join(models.available())}.")
 flags.DEFINE_integer("batch_size", 256, "Global batch size.")
-flags.DEFINE_integer("steps", 10, "Training steps per measured round.")
-flags.DEFINE_integer("warmup_rounds", 1, "Unmeasured rounds before measuring.")
+flags.DEFINE_integer("steps", 10, "Training steps per configuration and round.")
+flags.DEFINE_integer("warmup_steps", 3, "Unmeasured steps of each configuration first.")
 flags.DEFINE_integer("rounds", 5, "Measured rounds (interleaved across configurations).")
+flags.DEFINE_integer("threads_per_device", None,
+                     "Intra-op threads of each device. Default: cores // the largest device "
+                     "count, so every device has the same share of the machine.")
 flags.DEFINE_integer("epoch_examples", 60_000, "Epoch size for the sec/epoch column.")
 flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
                   "Keras dtype policy of the models.")
-flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy on one device.")
+flags.DEFINE_bool("jit_compile", False, "Compile the training step with XLA.")
+flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
+flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy on one device "
+                  "and TensorFlow's default threads (every core).")
+flags.DEFINE_bool("ceiling", False, "Also measure N plain Keras processes training side by "
+                  "side, one device each: what N devices give with no communication at all.")
 flags.DEFINE_string("output", None, "Write the measurements to this JSON file.")
 flags.DEFINE_string("csv", None, "Write the table to this CSV file.")
 flags.DEFINE_string("plot", None, "Draw images/s and efficiency to this PNG file (matplotlib).")
@@ -50,23 +59,28 @@ def main(argv: list[str]) -> None:
     for path in (FLAGS.output, FLAGS.csv, FLAGS.plot):
         if path:
             atomic_io.check_writable(path)
-    device_sets = [common.parse_count("--num_devices", n) for n in FLAGS.num_devices]
-    measurements = benchmark.run(FLAGS.strategies, device_sets, FLAGS.models,
-                                 FLAGS.batch_size, steps=FLAGS.steps,
-                                 warmup_rounds=FLAGS.warmup_rounds, rounds=FLAGS.rounds,
-                                 baseline=FLAGS.baseline, dtype=FLAGS.dtype)
+    counts = [common.parse_count("--num_devices", n) for n in FLAGS.num_devices]
+    for name, value, least in (("steps", FLAGS.steps, 2 * FLAGS.steps_per_execution),
+                               ("rounds", FLAGS.rounds, 1), ("warmup_steps", FLAGS.warmup_steps, 0),
+                               ("steps_per_execution", FLAGS.steps_per_execution, 1),
+                               ("threads_per_device", FLAGS.threads_per_device, 1)):
+        if value is None:  # threads_per_device: the default.
+            continue
+        if value < least:
+            raise ConfigError(f"--{name} must be at least {least}. Received: --{name}={value}.")
+    sweep = benchmark.configurations(
+        FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
+        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype, jit_compile=FLAGS.jit_compile,
+        steps_per_execution=FLAGS.steps_per_execution, warmup_steps=FLAGS.warmup_steps)
+    measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds)
     print()
     print(benchmark.table(measurements, FLAGS.epoch_examples))
-    if FLAGS.output:
-        atomic_io.write_json(FLAGS.output, [dict(vars(m), best=m.best, median=m.median,
-                                                 spread=m.spread) for m in measurements])
-        print(f"Measurements written to {FLAGS.output}")
-    if FLAGS.csv:
-        benchmark.write_csv(FLAGS.csv, measurements)
-        print(f"Table written to {FLAGS.csv}")
-    if FLAGS.plot:
-        benchmark.plot(FLAGS.plot, measurements)
-        print(f"Plot written to {FLAGS.plot}")
+    for path, write, what in ((FLAGS.output, benchmark.write_json, "Measurements"),
+                              (FLAGS.csv, benchmark.write_csv, "Table"),
+                              (FLAGS.plot, benchmark.plot, "Plot")):
+        if path:
+            write(path, measurements)
+            print(f"{what} written to {path}")
 
 
 def run() -> None:

@@ -1,0 +1,164 @@
+"""One benchmark configuration in a process of its own, measured slice by slice on request.
+
+Thread settings are fixed per process when TensorFlow initialises, so :mod:`tfpar.benchmark`
+runs every configuration (1 device on 1 core, 2 devices, plain Keras on all cores, each
+worker of a multi-worker job) as a long-lived process of this module. It builds the model,
+warms up, prints ``READY {json}`` and then serves requests on stdin:
+
+- ``RUN k``: train ``k`` steps, print ``DONE {seconds} {steps} {all_reduce_seconds}``: the
+  time from the end of the first compiled call to the end of the last one and the steps in
+  between (so start-up costs of the call are not in the figure), then the time of one
+  all-reduce of the model's gradient shapes through the strategy alone (what one step spends
+  communicating, at least);
+- end of input: exit.
+
+A configuration that cannot run (e.g. XLA on several CPU replicas) answers ``ERROR {message}``
+instead of ``READY`` and exits with status 2.
+
+Run as ``python -m tfpar.benchmark_worker '{json of a Configuration}'``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TextIO
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import allreduce_loop
+from tfpar import data as data_lib
+from tfpar import devices as devices_lib
+from tfpar import flops
+from tfpar import strategies
+from tfpar import training
+from tfpar.benchmark import BASELINE
+from tfpar.benchmark import CEILING
+from tfpar.benchmark import Configuration
+from tfpar.errors import TfparError
+
+class _StepTimes(keras.callbacks.Callback):
+    """The time at the end of every compiled call, with its step index."""
+
+    def on_train_begin(self, logs=None):
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append((time.perf_counter(), batch))
+
+
+class _Trainer:
+    """One configuration, built: trains ``k`` steps, and times one step's all-reduce alone."""
+
+    def __init__(self, config: Configuration):
+        """Sets threads and devices (before TensorFlow initialises), then builds everything."""
+        self.config = config
+        if config.strategy in (BASELINE, CEILING):
+            if config.strategy == CEILING:  # One of several plain processes, one device each.
+                devices_lib.ensure_logical_cpus(1, config.threads_per_device)
+            self.strategy, self.loop = tf.distribute.get_strategy(), "fit"
+            devices = (["CPU:0"] if config.strategy == BASELINE
+                       else [f"process:{i}/CPU:0" for i in range(config.num_devices)])
+        else:
+            entry = strategies.entry(config.strategy)
+            local_devices = 1 if entry.multi_process else config.num_devices
+            devices_lib.ensure_logical_cpus(local_devices, config.threads_per_device)
+            device_set = devices_lib.resolve(local_devices)
+            self.strategy = strategies.get(config.strategy, device_set)
+            self.loop = entry.training_loop
+            devices = training.replica_devices(self.strategy, device_set)
+        train_config = training.TrainConfig(strategy=config.strategy, model=config.model,
+                                            dtype=config.dtype, jit_compile=config.jit_compile,
+                                            steps_per_execution=config.steps_per_execution,
+                                            batch_size=config.batch_size, lr=0.01)
+        if config.strategy not in (BASELINE, CEILING):
+            training.check_compile_options(train_config, self.strategy, device_set)
+        self.model = training.build_compiled_model(
+            train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01,
+            fit_options=self.loop == "fit")
+        rng = np.random.default_rng(0)
+        images = rng.random((config.batch_size, *config.image_shape), dtype=np.float32)
+        labels = rng.integers(0, 10, config.batch_size).astype(np.int32)
+        # One cached batch repeated: the benchmark measures training, not input decoding.
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        self.dataset = (tf.data.Dataset.from_tensors((images, labels)).repeat()
+                        .with_options(options).prefetch(tf.data.AUTOTUNE))
+        self.timer = _StepTimes()
+        self.info = {"devices": devices,
+                     "training_flops_per_image": flops.training_flops_per_image(self.model)}
+        self._all_reduce = tf.function(self._all_reduce_gradient_shapes)
+
+    def train(self, steps: int) -> tuple[float, int]:
+        """Trains ``steps`` steps; returns (seconds, steps) from the first call's end to the last's."""
+        if self.loop == "allreduce":
+            allreduce_loop.fit(self.model, self.dataset, strategy=self.strategy,
+                               steps_per_epoch=steps,
+                               steps_per_execution=self.config.steps_per_execution,
+                               jit_compile=self.config.jit_compile, callbacks=[self.timer],
+                               verbose=0)
+        else:
+            self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=[self.timer],
+                           verbose=0)
+        (first, first_step), (last, last_step) = self.timer.ends[0], self.timer.ends[-1]
+        return last - first, last_step - first_step
+
+    def _all_reduce_gradient_shapes(self) -> tf.Tensor:
+        def replica_fn():
+            gradients = [tf.ones(v.shape, v.dtype) for v in self.model.trainable_variables]
+            reduced = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, gradients)
+            return reduced[0][(0,) * reduced[0].shape.rank]
+
+        return self.strategy.experimental_local_results(self.strategy.run(replica_fn))[0]
+
+    def all_reduce_seconds(self) -> float:
+        """Seconds of one all-reduce of gradient-shaped tensors through the strategy alone."""
+        start = time.perf_counter()
+        self._all_reduce().numpy()
+        return time.perf_counter() - start
+
+
+def _shape_only_splits(image_shape: tuple[int, ...]) -> data_lib.Splits:
+    """A stand-in for a loaded dataset: what model building reads from it (shape, classes)."""
+    return data_lib.Splits(name="synthetic", train=None, test=None, num_train=0, num_test=0,
+                           image_shape=tuple(image_shape), num_classes=10)
+
+
+def serve(config: Configuration, requests: TextIO = sys.stdin,
+          replies: TextIO = sys.stdout) -> None:
+    """Builds ``config``, warms up, then answers ``RUN k`` requests until end of input.
+
+    Raises:
+        ValueError: For a request that is not ``RUN k`` with ``k`` of at least two calls.
+    """
+    trainer = _Trainer(config)
+    trainer.train(max(config.warmup_steps, 2 * config.steps_per_execution))
+    trainer.all_reduce_seconds()  # Traces it.
+    replies.write(f"READY {json.dumps(trainer.info)}\n")
+    replies.flush()
+    for line in requests:
+        verb, _, count = line.strip().partition(" ")
+        if verb != "RUN" or not count.isdigit() or int(count) < 2 * config.steps_per_execution:
+            raise ValueError(f"Expected 'RUN k' with k >= {2 * config.steps_per_execution} "
+                             f"(two compiled calls). Received: {line.strip()!r}.")
+        seconds, steps = trainer.train(int(count))
+        replies.write(f"DONE {seconds!r} {steps} {trainer.all_reduce_seconds()!r}\n")
+        replies.flush()
+
+
+def main() -> None:
+    """Serves the configuration in ``sys.argv[1]``; a configuration error is one ``ERROR`` line."""
+    try:
+        serve(Configuration.from_json(sys.argv[1]))
+    except TfparError as e:
+        print(f"ERROR {e}", flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
