@@ -33,8 +33,9 @@ from tfpar import launcher
 from tfpar.errors import ConfigError
 
 BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
-# N processes each training plain Keras alone on one device of ``threads_per_device`` threads,
-# side by side: data parallelism with no communication at all, the most N devices can give.
+# N processes each training plain Keras alone on one device of ``threads_per_device`` threads
+# and 1/N of the global batch (a replica's share), side by side: data parallelism with no
+# communication at all, the most N devices can give.
 CEILING = "independent"
 
 
@@ -159,8 +160,9 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
             (with 2 cores and counts 1, 2: one core each, and "2 / 1" is scaling from one core
             to two).
         ceiling: Also ``"independent"`` for every device count: that many processes
-            training alone, side by side, one device each; their total images/s is what the
-            machine gives that many devices with no communication, the ceiling of any strategy.
+            training alone, side by side, one device and a replica's share of the batch each;
+            their total images/s is what the machine gives that many devices with no
+            communication, the ceiling of any strategy.
         baseline: Also plain Keras with no strategy on TensorFlow's default threads (all cores):
             ``vs keras`` is then a comparison on the same cores.
         **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
@@ -215,10 +217,13 @@ class _Processes:
             process.stdin.write(f"RUN {steps}\n")
             process.stdin.flush()
         replies = [self._reply(i, "DONE").split() for i in range(len(self.processes))]
-        rates = [int(steps) * self.configuration.batch_size / float(seconds)
-                 for seconds, steps, _ in replies]
+        batch = self.configuration.batch_size
+        if self.configuration.strategy == CEILING:
+            batch //= len(self.processes)
+        rates = [int(measured_steps) * batch / float(seconds)
+                 for seconds, measured_steps, _ in replies]
         # Workers of one job wait on each other: worker 0's rate is the job's. Independent
-        # processes each train the whole batch: their rates add up.
+        # processes each train their share of the batch: their rates add up.
         rate = sum(rates) if self.configuration.strategy == CEILING else rates[0]
         return rate, float(replies[0][2])
 

@@ -79,9 +79,12 @@ class _Trainer:
         self.model = training.build_compiled_model(
             train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01,
             fit_options=self.loop == "fit")
+        # An independent process trains one replica's share of the global batch.
+        batch = (config.batch_size // config.num_devices if config.strategy == CEILING
+                 else config.batch_size)
         rng = np.random.default_rng(0)
-        images = rng.random((config.batch_size, *config.image_shape), dtype=np.float32)
-        labels = rng.integers(0, 10, config.batch_size).astype(np.int32)
+        images = rng.random((batch, *config.image_shape), dtype=np.float32)
+        labels = rng.integers(0, 10, batch).astype(np.int32)
         # One cached batch repeated: the benchmark measures training, not input decoding.
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (

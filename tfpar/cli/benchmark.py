@@ -68,6 +68,10 @@ def main(argv: list[str]) -> None:
             continue
         if value < least:
             raise ConfigError(f"--{name} must be at least {least}. Received: --{name}={value}.")
+    if FLAGS.batch_size < max(counts):
+        raise ConfigError(f"--batch_size must be at least the largest device count "
+                          f"({max(counts)}), so every replica gets an example. Received: "
+                          f"--batch_size={FLAGS.batch_size}.")
     sweep = benchmark.configurations(
         FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
         baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype, jit_compile=FLAGS.jit_compile,
