@@ -8,8 +8,8 @@ warms up, prints ``READY {json}`` and then serves requests on stdin:
 - ``RUN k``: train ``k`` steps, print ``DONE {seconds} {steps} {all_reduce_seconds}``: the
   time from the end of the first compiled call to the end of the last one and the steps in
   between (so start-up costs of the call are not in the figure), then the time of one
-  all-reduce of the model's gradient shapes through the strategy alone (what one step spends
-  communicating, at least);
+  all-reduce of the model's gradient shapes through the strategy, timed alone (one function
+  call: what a step spends communicating, give or take a fraction of a millisecond);
 - end of input: exit.
 
 A configuration that cannot run (e.g. XLA on several CPU replicas) answers ``ERROR {message}``
