@@ -40,6 +40,7 @@ from tfpar.benchmark import CEILING
 from tfpar.benchmark import Configuration
 from tfpar.errors import TfparError
 
+
 class _StepTimes(keras.callbacks.Callback):
     """The time at the end of every compiled call, with its step index."""
 
@@ -56,6 +57,10 @@ class _Trainer:
     def __init__(self, config: Configuration):
         """Sets threads and devices (before TensorFlow initialises), then builds everything."""
         self.config = config
+        train_config = training.TrainConfig(strategy=config.strategy, model=config.model,
+                                            dtype=config.dtype, jit_compile=config.jit_compile,
+                                            steps_per_execution=config.steps_per_execution,
+                                            batch_size=config.batch_size, lr=0.01)
         if config.strategy in (BASELINE, CEILING):
             if config.strategy == CEILING:  # One of several plain processes, one device each.
                 devices_lib.ensure_logical_cpus(1, config.threads_per_device)
@@ -70,11 +75,6 @@ class _Trainer:
             self.strategy = strategies.get(config.strategy, device_set)
             self.loop = entry.training_loop
             devices = training.replica_devices(self.strategy, device_set)
-        train_config = training.TrainConfig(strategy=config.strategy, model=config.model,
-                                            dtype=config.dtype, jit_compile=config.jit_compile,
-                                            steps_per_execution=config.steps_per_execution,
-                                            batch_size=config.batch_size, lr=0.01)
-        if config.strategy not in (BASELINE, CEILING):
             training.check_compile_options(train_config, self.strategy, device_set)
         self.model = training.build_compiled_model(
             train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01,

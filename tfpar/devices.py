@@ -105,7 +105,7 @@ def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) ->
     side by side. A logical device is then like one of the seeds' GPUs: one unit of compute.
 
     Thread counts the user set already (``tf.config.threading``) are kept unless
-    ``threads_per_device`` is given.
+    ``threads_per_device`` is given; the pools are per device either way.
 
     Args:
         count: How many logical CPU devices are needed (``CPU:0`` .. ``CPU:{count-1}``).
@@ -138,6 +138,8 @@ def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) ->
                 f"largest device set first, call tfpar.devices.ensure_logical_cpus({count}) "
                 f"before any TensorFlow op runs, or in pytest pass --tfpar-devices={count}."
             ) from e
+        if count > 1:
+            os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1")
         user_set_threads = (tf.config.threading.get_intra_op_parallelism_threads() != 0
                             or tf.config.threading.get_inter_op_parallelism_threads() != 0)
         if threads_per_device is None and not user_set_threads:
@@ -151,8 +153,6 @@ def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) ->
         raise DeviceError(f"Cannot give each CPU device {threads_per_device} thread(s): "
                           "TensorFlow has already initialised. Call "
                           "tfpar.devices.ensure_logical_cpus first.") from e
-    if max(count, have) > 1:
-        os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1")
 
 
 def split_gpu(count: int, memory_limit_mb: int) -> None:
