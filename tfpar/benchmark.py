@@ -373,10 +373,10 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
     Columns: threads per device (``-``: TensorFlow's default, all cores), images/s (median
     round; the best round and the spread (max - min) / median beside it), achieved training
     GFLOP/s, sec/epoch for ``epoch_examples`` images, the share of a step's time that one
-    all-reduce of the gradients takes when timed alone (communication), speedup over the same strategy and model
-    on its smallest device count, scaling efficiency (speedup / devices), the ratio to the
-    first strategy on the same device count and model (e.g. allreduce / mirrored), and to the
-    plain Keras baseline. Ratios are paired: medians of per-round ratios.
+    all-reduce of the gradients takes when timed alone (communication), speedup over the same
+    strategy and model on its smallest device count, scaling efficiency (speedup / devices),
+    the ratio to the first strategy on the same device count and model (e.g. allreduce /
+    mirrored), and to the plain Keras baseline. Ratios are paired: medians of per-round ratios.
     """
     header = ("model", "strategy", "devices", "threads", "images/s", "best", "spread",
               "GFLOP/s", "sec/epoch", "all-reduce", "speedup", "efficiency", "vs first",

@@ -97,7 +97,7 @@ class _Trainer:
         self._all_reduce = tf.function(self._all_reduce_gradient_shapes)
 
     def train(self, steps: int) -> tuple[float, int]:
-        """Trains ``steps`` steps; returns (seconds, steps) from the first call's end to the last's."""
+        """Trains ``steps`` steps; returns seconds and steps from the first call's end on."""
         if self.loop == "allreduce":
             allreduce_loop.fit(self.model, self.dataset, strategy=self.strategy,
                                steps_per_epoch=steps,

@@ -61,7 +61,8 @@ def main(argv: list[str]) -> None:
             atomic_io.check_writable(path)
     counts = [common.parse_count("--num_devices", n) for n in FLAGS.num_devices]
     for name, value, least in (("steps", FLAGS.steps, 2 * FLAGS.steps_per_execution),
-                               ("rounds", FLAGS.rounds, 1), ("warmup_steps", FLAGS.warmup_steps, 0),
+                               ("rounds", FLAGS.rounds, 1),
+                               ("warmup_steps", FLAGS.warmup_steps, 0),
                                ("steps_per_execution", FLAGS.steps_per_execution, 1),
                                ("threads_per_device", FLAGS.threads_per_device, 1)):
         if value is None:  # threads_per_device: the default.
@@ -74,8 +75,9 @@ def main(argv: list[str]) -> None:
                           f"--batch_size={FLAGS.batch_size}.")
     sweep = benchmark.configurations(
         FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
-        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype, jit_compile=FLAGS.jit_compile,
-        steps_per_execution=FLAGS.steps_per_execution, warmup_steps=FLAGS.warmup_steps)
+        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype,
+        jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
+        warmup_steps=FLAGS.warmup_steps)
     measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds)
     print()
     print(benchmark.table(measurements, FLAGS.epoch_examples))
