@@ -122,6 +122,18 @@ class RunTest(tf.test.TestCase):
         self.assertStartsWith(lines[9 + 9], "round 2/2: lenet mirrored on 1 device(s)")
         self.assertEmpty(_benchmark_processes())
 
+    def test_profile_steps_write_a_trace_per_process(self):
+        profile_dir = os.path.join(self.get_temp_dir(), "profile")
+        sweep = [Configuration("multi_worker", 2, "lenet", 8, warmup_steps=1)]
+        measurements = benchmark.run(sweep, steps=2, rounds=1, progress=None, profile_steps=2,
+                                     profile_dir=profile_dir)
+        self.assertLen(measurements[0].images_per_second, 1)
+        for process in (0, 1):
+            traces = tf.io.gfile.glob(os.path.join(
+                profile_dir, f"lenet_multi_worker_2_process{process}", "plugins", "profile", "*",
+                "*.xplane.pb"))
+            self.assertLen(traces, 1)
+
     def test_a_configuration_that_cannot_run_is_a_clear_error(self):
         sweep = [Configuration("mirrored", 2, "lenet", 8, jit_compile=True)]
         with self.assertRaisesRegex(ConfigError, "--jit_compile cannot run on 2 CPU replicas"):

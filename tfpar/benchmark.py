@@ -70,6 +70,18 @@ class Configuration:
     warmup_steps: int = 3
     image_shape: tuple[int, ...] = (28, 28, 1)
 
+    @property
+    def num_processes(self) -> int:
+        """Processes this configuration runs as: one per device for ``"independent"`` and for
+        multi-process strategies (one worker per device), else one."""
+        if self.strategy == CEILING:
+            return self.num_devices
+        if self.strategy == BASELINE:
+            return 1
+        from tfpar import strategies  # Imports TensorFlow; the rest of this module does not.
+
+        return self.num_devices if strategies.entry(self.strategy).multi_process else 1
+
     def to_json(self) -> str:
         """The configuration as JSON (the worker's command-line argument)."""
         return json.dumps(dataclasses.asdict(self))
@@ -159,13 +171,16 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
             the largest device count, so every device of every configuration has the same share
             (with 2 cores and counts 1, 2: one core each, and "2 / 1" is scaling from one core
             to two).
+        baseline: Also plain Keras with no strategy on TensorFlow's default threads (all cores):
+            ``vs keras`` is then a comparison on the same cores.
         ceiling: Also ``"independent"`` for every device count: that many processes
             training alone, side by side, one device and a replica's share of the batch each;
             their total images/s is what the machine gives that many devices with no
             communication, the ceiling of any strategy.
-        baseline: Also plain Keras with no strategy on TensorFlow's default threads (all cores):
-            ``vs keras`` is then a comparison on the same cores.
         **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
+
+    Returns:
+        The configurations, in the order they are started and measured.
     """
     if threads_per_device is None:
         threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
@@ -179,23 +194,30 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
 class _Processes:
     """The running process(es) of one configuration, answering ``RUN k`` requests."""
 
-    def __init__(self, configuration: Configuration, multi_process: bool,
-                 stack: contextlib.ExitStack):
+    def __init__(self, configuration: Configuration, stack: contextlib.ExitStack,
+                 profile_steps: int, profile_dir: str):
         self.configuration = configuration
-        count = configuration.num_devices if multi_process else 1
-        if multi_process and configuration.strategy != CEILING:
+        count = configuration.num_processes
+        if count > 1 and configuration.strategy != CEILING:
             environments = [dict(os.environ, TF_CONFIG=c) for c in launcher.tf_configs(count)]
         else:
             environments = [dict(os.environ)] * count
         self.processes, self.logs = [], []
-        for env in environments:
+        for index, env in enumerate(environments):
             log = stack.enter_context(tempfile.TemporaryFile("w+"))
+            command = [sys.executable, "-m", "tfpar.benchmark_worker", configuration.to_json()]
+            if profile_steps:
+                c = configuration
+                name = f"{c.model}_{c.strategy}_{c.num_devices}" + (
+                    f"_process{index}" if count > 1 else "")
+                command += [str(profile_steps), os.path.join(profile_dir, name)]
             process = subprocess.Popen(
-                [sys.executable, "-m", "tfpar.benchmark_worker", configuration.to_json()],
+                command,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             stack.callback(_end, process)
             self.processes.append(process)
             self.logs.append(log)
+        # Every process must be ready; they all describe the same configuration.
         self.info = [json.loads(self._reply(i, "READY")) for i in range(count)][0]
 
     def _reply(self, index: int, verb: str) -> str:
@@ -239,7 +261,8 @@ def _end(process: subprocess.Popen) -> None:
 
 
 def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
-        progress: Optional[Callable[[str], None]] = print) -> list[Measurement]:
+        progress: Optional[Callable[[str], None]] = print, profile_steps: int = 0,
+        profile_dir: str = "tfpar_profile") -> list[Measurement]:
     """Starts every configuration, then measures them in interleaved rounds.
 
     Args:
@@ -247,6 +270,10 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
         steps: Training steps per measured slice (at least two compiled calls).
         rounds: Measured rounds; each configuration runs one slice per round.
         progress: Called with a line of progress text; ``None`` for silence.
+        profile_steps: After warm-up, every process traces this many steps for TensorBoard's
+            profiler (not measured) into ``profile_dir/{model}_{strategy}_{devices}``
+            (``_process{i}`` added for each process of a multi-process configuration).
+        profile_dir: Where the traces go.
 
     Returns:
         One :class:`Measurement` per configuration, in ``sweep``'s order.
@@ -255,17 +282,12 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
         ConfigError: If a configuration cannot run (e.g. XLA on several CPU replicas).
         RuntimeError: If a configuration's process fails (its error output is in the message).
     """
-    from tfpar import strategies  # Imports TensorFlow; the rest of this module does not.
-
     with contextlib.ExitStack() as stack:
         running, measurements = [], []
         for configuration in sweep:
             if progress:
                 progress(f"starting {_describe(configuration)}")
-            multi_process = configuration.strategy == CEILING or (
-                configuration.strategy != BASELINE
-                and strategies.entry(configuration.strategy).multi_process)
-            processes = _Processes(configuration, multi_process, stack)
+            processes = _Processes(configuration, stack, profile_steps, profile_dir)
             running.append(processes)
             measurements.append(Measurement(configuration, processes.info["devices"],
                                             processes.info["training_flops_per_image"]))

@@ -15,7 +15,9 @@ warms up, prints ``READY {json}`` and then serves requests on stdin:
 A configuration that cannot run (e.g. XLA on several CPU replicas) answers ``ERROR {message}``
 instead of ``READY`` and exits with status 2.
 
-Run as ``python -m tfpar.benchmark_worker '{json of a Configuration}'``.
+Run as ``python -m tfpar.benchmark_worker '{json of a Configuration}' [PROFILE_STEPS DIR]``;
+with the last two it traces that many steps for TensorBoard's profiler after warm-up (outside
+every measurement).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TextIO
+from typing import Optional, Sequence, TextIO
 
 import keras
 import numpy as np
@@ -33,6 +35,7 @@ from tfpar import allreduce_loop
 from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import flops
+from tfpar import profiling
 from tfpar import strategies
 from tfpar import training
 from tfpar.benchmark import BASELINE
@@ -68,12 +71,11 @@ class _Trainer:
             devices = (["CPU:0"] if config.strategy == BASELINE
                        else [f"process:{i}/CPU:0" for i in range(config.num_devices)])
         else:
-            entry = strategies.entry(config.strategy)
-            local_devices = 1 if entry.multi_process else config.num_devices
+            local_devices = config.num_devices // config.num_processes
             devices_lib.ensure_logical_cpus(local_devices, config.threads_per_device)
             device_set = devices_lib.resolve(local_devices)
             self.strategy = strategies.get(config.strategy, device_set)
-            self.loop = entry.training_loop
+            self.loop = strategies.entry(config.strategy).training_loop
             devices = training.replica_devices(self.strategy, device_set)
             training.check_compile_options(train_config, self.strategy, device_set)
         self.model = training.build_compiled_model(
@@ -96,17 +98,18 @@ class _Trainer:
                      "training_flops_per_image": flops.training_flops_per_image(self.model)}
         self._all_reduce = tf.function(self._all_reduce_gradient_shapes)
 
-    def train(self, steps: int) -> tuple[float, int]:
+    def train(self, steps: int, callbacks: Sequence[keras.callbacks.Callback] = ()
+              ) -> tuple[float, int]:
         """Trains ``steps`` steps; returns seconds and steps from the first call's end on."""
+        callbacks = [self.timer, *callbacks]
         if self.loop == "allreduce":
             allreduce_loop.fit(self.model, self.dataset, strategy=self.strategy,
                                steps_per_epoch=steps,
                                steps_per_execution=self.config.steps_per_execution,
-                               jit_compile=self.config.jit_compile, callbacks=[self.timer],
+                               jit_compile=self.config.jit_compile, callbacks=callbacks,
                                verbose=0)
         else:
-            self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=[self.timer],
-                           verbose=0)
+            self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         (first, first_step), (last, last_step) = self.timer.ends[0], self.timer.ends[-1]
         return last - first, last_step - first_step
 
@@ -132,9 +135,17 @@ def _shape_only_splits(image_shape: tuple[int, ...]) -> data_lib.Splits:
                            image_shape=tuple(image_shape), num_classes=10)
 
 
-def serve(config: Configuration, requests: TextIO = sys.stdin,
-          replies: TextIO = sys.stdout) -> None:
+def serve(config: Configuration, profile_steps: int = 0, profile_dir: Optional[str] = None,
+          requests: TextIO = sys.stdin, replies: TextIO = sys.stdout) -> None:
     """Builds ``config``, warms up, then answers ``RUN k`` requests until end of input.
+
+    Args:
+        config: What to train.
+        profile_steps: After warm-up, trace this many more steps (not measured) for
+            TensorBoard's profiler into ``profile_dir``; 0: none.
+        profile_dir: Where the trace goes.
+        requests: Where ``RUN k`` lines come from.
+        replies: Where ``READY`` and ``DONE`` lines go.
 
     Raises:
         ValueError: For a request that is not ``RUN k`` with ``k`` of at least two calls.
@@ -142,6 +153,8 @@ def serve(config: Configuration, requests: TextIO = sys.stdin,
     trainer = _Trainer(config)
     trainer.train(max(config.warmup_steps, 2 * config.steps_per_execution))
     trainer.all_reduce_seconds()  # Traces it.
+    if profile_steps:
+        trainer.train(profile_steps, [profiling.ProfileSteps(1, profile_steps, profile_dir)])
     replies.write(f"READY {json.dumps(trainer.info)}\n")
     replies.flush()
     for line in requests:
@@ -155,9 +168,13 @@ def serve(config: Configuration, requests: TextIO = sys.stdin,
 
 
 def main() -> None:
-    """Serves the configuration in ``sys.argv[1]``; a configuration error is one ``ERROR`` line."""
+    """Serves ``sys.argv[1:]``: a configuration, then optionally profile steps and directory.
+
+    A configuration error is one ``ERROR`` line.
+    """
+    profile_steps, profile_dir = (int(sys.argv[2]), sys.argv[3]) if len(sys.argv) > 2 else (0, None)
     try:
-        serve(Configuration.from_json(sys.argv[1]))
+        serve(Configuration.from_json(sys.argv[1]), profile_steps, profile_dir)
     except TfparError as e:
         print(f"ERROR {e}", flush=True)
         sys.exit(2)

@@ -37,6 +37,10 @@ flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
                   "Keras dtype policy of the models.")
 flags.DEFINE_bool("jit_compile", False, "Compile the training step with XLA.")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
+flags.DEFINE_integer("profile_steps", 0,
+                     "Trace this many steps of every configuration for TensorBoard's profiler, "
+                     "after warm-up and outside the measurements; 0: none.")
+flags.DEFINE_string("profile_dir", "tfpar_profile", "Where --profile_steps writes the traces.")
 flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy on one device "
                   "and TensorFlow's default threads (every core).")
 flags.DEFINE_bool("ceiling", False, "Also measure N plain Keras processes training side by "
@@ -63,6 +67,7 @@ def main(argv: list[str]) -> None:
     for name, value, least in (("steps", FLAGS.steps, 2 * FLAGS.steps_per_execution),
                                ("rounds", FLAGS.rounds, 1),
                                ("warmup_steps", FLAGS.warmup_steps, 0),
+                               ("profile_steps", FLAGS.profile_steps, 0),
                                ("steps_per_execution", FLAGS.steps_per_execution, 1),
                                ("threads_per_device", FLAGS.threads_per_device, 1)):
         if value is None:  # threads_per_device: the default.
@@ -78,7 +83,8 @@ def main(argv: list[str]) -> None:
         baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         warmup_steps=FLAGS.warmup_steps)
-    measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds)
+    measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,
+                                 profile_steps=FLAGS.profile_steps, profile_dir=FLAGS.profile_dir)
     print()
     print(benchmark.table(measurements, FLAGS.epoch_examples))
     for path, write, what in ((FLAGS.output, benchmark.write_json, "Measurements"),
