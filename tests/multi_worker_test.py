@@ -95,15 +95,15 @@ class LauncherTest(tf.test.TestCase):
 
 class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
 
-    @parameterized.parameters(("fit", 24), ("allreduce", 23))
-    def test_two_workers_match_single_process_training(self, loop, num_examples):
+    @parameterized.parameters(("multi_worker", 24), ("multi_worker_allreduce", 23))
+    def test_two_workers_match_single_process_training(self, name, num_examples):
         reference = testing.tiny_model()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         final = os.path.join(self.get_temp_dir(), "final.npz")
         np.savez(initial, *reference.get_weights())
         out = io.StringIO()
         status = launcher.launch([sys.executable, os.path.join(HERE, "multi_worker_worker.py"),
-                                  loop, initial, final], 2, out=out)
+                                  name, initial, final], 2, out=out)
         self.assertEqual(status, 0, out.getvalue()[-3000:])
         testing.fit_steps(reference, multi_worker_worker.dataset(num_examples), None)
         for expected, actual in zip(reference.get_weights(), np.load(final).values()):

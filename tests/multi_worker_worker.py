@@ -1,30 +1,30 @@
-"""A worker for multi_worker_test: trains with fit under multi_worker and saves the weights.
+"""A worker for multi_worker_test: trains with fit under a multi-worker entry, saves the weights.
 
-Usage (through the launcher): multi_worker_worker.py fit|allreduce INITIAL.npz OUTPUT.npz
+Usage (through the launcher):
+multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz
 """
 
 import sys
 
 import numpy as np
 
-from tfpar import allreduce_loop
 from tfpar import strategies
 from tfpar import testing
 from tfpar.cluster import is_chief
 
 
-def main(loop: str, initial_path: str, output_path: str) -> None:
-    strategy = strategies.get("multi_worker", 1)  # Before any other TensorFlow op.
+def main(name: str, initial_path: str, output_path: str) -> None:
+    strategy = strategies.get(name, 1)  # Before any other TensorFlow op.
     with strategy.scope():
         model = testing.tiny_model()
     model.set_weights(list(np.load(initial_path).values()))
-    if loop == "fit":
-        # 3 steps of 8 over 2 workers (4 each). Keras fit weighs uneven shards inexactly, so
-        # the batches divide evenly here.
+    if name == "multi_worker":
+        # 3 steps of 8 over 2 workers (4 each). Keras's step weighs uneven shards inexactly,
+        # so the batches divide evenly here.
         model.fit(dataset(24), verbose=0, shuffle=False)
     else:
-        # The hand-written loop is exact on uneven shards too: the last batch of 7 splits 4+3.
-        allreduce_loop.fit(model, dataset(23), strategy=strategy, verbose=0)
+        # The all-reduce step is exact on uneven shards too: the last batch of 7 splits 4+3.
+        model.fit(dataset(23), verbose=0, shuffle=False)
     if is_chief(strategy):
         np.savez(output_path, *model.get_weights())
 

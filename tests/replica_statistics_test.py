@@ -36,11 +36,11 @@ class ReplicaStatisticsTest(testing.StrategyTestCase):
         # average is 1% of 5.
         self.assertAllClose(model.layers[0].moving_mean, np.full(4, 0.05), rtol=1e-5)
 
-    def test_allreduce_loop_with_per_replica_statistics(self):
+    def test_allreduce_step_with_per_replica_statistics(self):
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():
             model = bn_model()
-        testing.allreduce_steps(model, skewed_batch(), strategy)
+        model.fit(skewed_batch(), verbose=0)
         with self.assertRaisesRegex(AssertionError, "moving_mean: replica 1 differs"):
             self.assertReplicasInSync(model)
         replica_statistics.average(model, strategy)
@@ -49,8 +49,7 @@ class ReplicaStatisticsTest(testing.StrategyTestCase):
     def test_synchronized_batchnorm_equals_single_device(self):
         for name in ("mirrored", "allreduce"):
             self.assertMatchesSingleDevice(lambda: bn_model(synchronized=True),
-                                           skewed_batch(), self.strategy(name, 2),
-                                           strategy_name=name)
+                                           skewed_batch(), self.strategy(name, 2))
 
     def test_one_replica_is_left_alone(self):
         strategy = self.strategy("mirrored", 1)

@@ -4,8 +4,9 @@ The package has two ways to train on several devices, as the chapters it comes f
 
 * concisely, with ``model.fit`` under a ``tf.distribute`` strategy picked by name from
   :mod:`tfpar.strategies` (``mirrored``, ``central_storage``, ``multi_worker``, ...);
-* from scratch, with the hand-written data-parallel loop of :mod:`tfpar.allreduce_loop`
-  (split the batch, per-replica forward/backward, all-reduce the gradients, identical update).
+* from scratch, with the hand-written data-parallel step of :mod:`tfpar.allreduce_strategy`
+  (split the batch, per-replica forward/backward, all-reduce the gradients, identical update),
+  which ``model.fit`` runs under the ``allreduce`` entries.
 
 Modules import TensorFlow lazily where they can, so that :mod:`tfpar.devices` can still split the
 CPU into logical devices before TensorFlow initialises.
@@ -15,9 +16,10 @@ __version__ = "0.1.0"
 
 import importlib
 
-_SUBMODULES = ("allreduce", "allreduce_loop", "atomic_io", "data", "devices", "errors",
-               "evaluation", "keras_fixes", "models", "report", "strategies", "testing",
-               "timing", "training")
+_SUBMODULES = ("allreduce", "allreduce_strategy", "atomic_io", "benchmark", "checkpointing",
+               "cluster", "data", "devices", "errors", "evaluation", "flops", "keras_fixes",
+               "launcher", "loss_guard", "models", "profiling", "replica_statistics", "report",
+               "strategies", "testing", "timing", "training")
 
 
 def __getattr__(name):

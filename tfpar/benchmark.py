@@ -26,7 +26,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Optional, Sequence
+import itertools
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tfpar import atomic_io
 from tfpar import launcher
@@ -46,6 +47,7 @@ class Configuration:
     Attributes:
         strategy: Registry name, ``"keras"`` for plain Keras with no strategy, or
             ``"independent"`` for ``num_devices`` plain Keras processes side by side.
+        options: Options of the registry entry, as ``(name, value)`` pairs.
         num_devices: Replicas: logical devices in one process, or worker processes of one
             device each for multi-process strategies (``multi_worker``).
         model: Model name.
@@ -64,6 +66,7 @@ class Configuration:
     model: str
     batch_size: int
     threads_per_device: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
     dtype: str = "float32"
     jit_compile: bool = False
     steps_per_execution: int = 1
@@ -82,6 +85,13 @@ class Configuration:
 
         return self.num_devices if strategies.entry(self.strategy).multi_process else 1
 
+    @property
+    def label(self) -> str:
+        """The strategy with its options, e.g. ``allreduce(algorithm=ring)``."""
+        if not self.options:
+            return self.strategy
+        return f"{self.strategy}({','.join(f'{k}={v}' for k, v in self.options)})"
+
     def to_json(self) -> str:
         """The configuration as JSON (the worker's command-line argument)."""
         return json.dumps(dataclasses.asdict(self))
@@ -91,6 +101,8 @@ class Configuration:
         """Inverse of :meth:`to_json`."""
         fields = json.loads(text)
         fields["image_shape"] = tuple(fields["image_shape"])
+        fields["options"] = tuple((k, tuple(v) if isinstance(v, list) else v)
+                                  for k, v in fields["options"])
         return cls(**fields)
 
 
@@ -115,8 +127,8 @@ class Measurement:
 
     @property
     def strategy(self) -> str:
-        """The strategy's registry name, or ``"keras"``."""
-        return self.configuration.strategy
+        """The strategy's registry name with its options (see ``Configuration.label``)."""
+        return self.configuration.label
 
     @property
     def model(self) -> str:
@@ -159,8 +171,10 @@ def paired_ratio(a: Measurement, b: Measurement) -> float:
 def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
                    model_names: Sequence[str], batch_size: int,
                    threads_per_device: Optional[int] = None, baseline: bool = False,
-                   ceiling: bool = False, **options) -> list[Configuration]:
-    """The sweep: every model x strategy x device count, plain Keras first if ``baseline``.
+                   ceiling: bool = False,
+                   strategy_options: Optional[Mapping[str, Sequence[Any]]] = None,
+                   **options) -> list[Configuration]:
+    """The sweep: every model x strategy (x its options) x device count, plain Keras first.
 
     Args:
         strategy_names: Registry names.
@@ -177,6 +191,9 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
             training alone, side by side, one device and a replica's share of the batch each;
             their total images/s is what the machine gives that many devices with no
             communication, the ceiling of any strategy.
+        strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
+            "naive"]}``: every strategy whose registry entry takes an option is measured once
+            per combination of the values given for its options.
         **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
 
     Returns:
@@ -186,9 +203,20 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
     sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
              for m in model_names] if baseline else []
-    strategy_names = list(strategy_names) + ([CEILING] if ceiling else [])
-    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, **options)
-                    for m in model_names for s in strategy_names for n in device_counts]
+    variants = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
+    variants += [(CEILING, ())] if ceiling else []
+    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o, **options)
+                    for m in model_names for s, o in variants for n in device_counts]
+
+
+def _option_sets(strategy: str, values: Mapping[str, Sequence[Any]]
+                 ) -> list[tuple[tuple[str, Any], ...]]:
+    """Every combination of the swept values of the options ``strategy``'s entry takes."""
+    from tfpar import strategies  # Imports TensorFlow; the rest of this module does not.
+
+    taken = [name for name in strategies.entry(strategy).options() if name in values]
+    return [tuple(zip(taken, combination))
+            for combination in itertools.product(*(values[name] for name in taken))]
 
 
 class _Processes:

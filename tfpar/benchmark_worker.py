@@ -31,7 +31,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfpar import allreduce_loop
 from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import flops
@@ -67,20 +66,18 @@ class _Trainer:
         if config.strategy in (BASELINE, CEILING):
             if config.strategy == CEILING:  # One of several plain processes, one device each.
                 devices_lib.ensure_logical_cpus(1, config.threads_per_device)
-            self.strategy, self.loop = tf.distribute.get_strategy(), "fit"
+            self.strategy = tf.distribute.get_strategy()
             devices = (["CPU:0"] if config.strategy == BASELINE
                        else [f"process:{i}/CPU:0" for i in range(config.num_devices)])
         else:
             local_devices = config.num_devices // config.num_processes
             devices_lib.ensure_logical_cpus(local_devices, config.threads_per_device)
             device_set = devices_lib.resolve(local_devices)
-            self.strategy = strategies.get(config.strategy, device_set)
-            self.loop = strategies.entry(config.strategy).training_loop
+            self.strategy = strategies.get(config.strategy, device_set, **dict(config.options))
             devices = training.replica_devices(self.strategy, device_set)
             training.check_compile_options(train_config, self.strategy, device_set)
         self.model = training.build_compiled_model(
-            train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01,
-            fit_options=self.loop == "fit")
+            train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01)
         # An independent process trains one replica's share of the global batch.
         batch = (config.batch_size // config.num_devices if config.strategy == CEILING
                  else config.batch_size)
@@ -101,15 +98,8 @@ class _Trainer:
     def train(self, steps: int, callbacks: Sequence[keras.callbacks.Callback] = ()
               ) -> tuple[float, int]:
         """Trains ``steps`` steps; returns seconds and steps from the first call's end on."""
-        callbacks = [self.timer, *callbacks]
-        if self.loop == "allreduce":
-            allreduce_loop.fit(self.model, self.dataset, strategy=self.strategy,
-                               steps_per_epoch=steps,
-                               steps_per_execution=self.config.steps_per_execution,
-                               jit_compile=self.config.jit_compile, callbacks=callbacks,
-                               verbose=0)
-        else:
-            self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=[self.timer, *callbacks],
+                       verbose=0)
         (first, first_step), (last, last_step) = self.timer.ends[0], self.timer.ends[-1]
         return last - first, last_step - first_step
 

@@ -7,8 +7,7 @@ complete checkpoint as the latest one. In multi-worker training every worker tak
 saving (it may run collective ops), but only the chief writes to ``directory``; the others
 write to a scratch folder they delete.
 
-The same mechanism serves ``model.fit`` and the hand-written loop (as a Keras callback), so
-resuming behaves the same under every strategy.
+It is a Keras callback, so resuming behaves the same under every strategy.
 """
 
 from __future__ import annotations
@@ -45,6 +44,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
         with strategy.scope():
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
                                            name="epochs_done")
+            # The optimizer's slots must exist before a restore can fill them. Building twice
+            # would replace the slots on optimizers that do not guard against it.
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
         # Keras 3 models expose no checkpoint dependencies of their own; their variables
         # (BatchNorm statistics too) are tracked as a list.
         self._checkpoint = tf.train.Checkpoint(model_variables=list(model.variables),

@@ -1,9 +1,13 @@
 """The strategy registry: names such as ``mirrored`` resolve to a ready ``tf.distribute`` strategy.
 
 An entry pairs a factory ``factory(devices, **options) -> tf.distribute.Strategy`` with what
-the rest of tfpar needs to know about it: a description, which training loop drives it
-(``"fit"``: Keras ``model.fit``; ``"allreduce"``: tfpar's hand-written loop), and whether it
-spans several processes. Users add entries with :func:`register` (also a decorator); other
+the rest of tfpar needs to know about it: a description, whether it spans several processes,
+how many devices it takes. Every entry trains with plain ``model.fit``; the ``allreduce``
+entries make ``fit`` run tfpar's hand-written step (:mod:`tfpar.allreduce_strategy`).
+
+:func:`get` returns the strategy with what it was made from attached: ``strategy.tfpar`` is a
+:class:`Selection` (the entry, its options, the device set), so nothing downstream looks the
+entry up by name again or passes options beside the strategy. Users add entries with :func:`register` (also a decorator); other
 packages add them through the ``tfpar.strategies`` entry-point group, whose entries load a
 :class:`StrategyEntry` or a factory (registered under the entry point's name, described by the
 first line of its docstring).
@@ -25,13 +29,13 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from tfpar import allreduce
-from tfpar import allreduce_loop
+from tfpar import allreduce_strategy
 from tfpar import devices as devices_lib
 from tfpar import keras_fixes
+from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
 
 ENTRY_POINT_GROUP = "tfpar.strategies"
-TRAINING_LOOPS = ("fit", "allreduce")
 
 Factory = Callable[..., tf.distribute.Strategy]
 
@@ -44,7 +48,6 @@ class StrategyEntry:
         name: The name users select it by (``--strategy=name``).
         factory: ``factory(devices: DeviceSet, **options) -> tf.distribute.Strategy``.
         description: One line for listings and ``--help``.
-        training_loop: ``"fit"`` (Keras ``model.fit``) or ``"allreduce"`` (tfpar's loop).
         multi_process: Whether the strategy spans several processes (workers).
         max_devices: The most devices one process may give it (``None``: no limit).
         requires_gpu: Whether it only runs on GPUs.
@@ -55,7 +58,6 @@ class StrategyEntry:
     name: str
     factory: Factory
     description: str = ""
-    training_loop: str = "fit"
     multi_process: bool = False
     max_devices: Optional[int] = None
     requires_gpu: bool = False
@@ -73,7 +75,7 @@ _entry_points_loaded = False
 
 
 def register(name: str, factory: Optional[Factory] = None, *, description: str = "",
-             training_loop: str = "fit", multi_process: bool = False,
+             multi_process: bool = False,
              max_devices: Optional[int] = None, requires_gpu: bool = False,
              override: bool = False):
     """Registers a strategy factory under ``name``; usable as a decorator.
@@ -83,7 +85,6 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
         factory: ``factory(devices, **options)`` returning a ``tf.distribute.Strategy``.
             Omit it to use ``register`` as a decorator.
         description: One line; defaults to the first line of the factory's docstring.
-        training_loop: ``"fit"`` or ``"allreduce"``.
         multi_process: Whether the strategy spans several processes.
         max_devices: The most devices one process may give it (``None``: no limit).
         requires_gpu: Whether it only runs on GPUs.
@@ -96,7 +97,7 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
         RegistryError: If ``name`` is taken and ``override`` is false, or an argument is invalid.
     """
     if factory is None:
-        return lambda f: register(name, f, description=description, training_loop=training_loop,
+        return lambda f: register(name, f, description=description,
                                   multi_process=multi_process, max_devices=max_devices,
                                   requires_gpu=requires_gpu, override=override)
     if not isinstance(name, str) or not name.isidentifier():
@@ -104,16 +105,13 @@ def register(name: str, factory: Optional[Factory] = None, *, description: str =
                             f"'my_strategy'. Received: name={name!r}.")
     if not callable(factory):
         raise RegistryError(f"factory must be callable. Received: factory={factory!r}.")
-    if training_loop not in TRAINING_LOOPS:
-        raise RegistryError(f"training_loop must be one of {TRAINING_LOOPS}. "
-                            f"Received: training_loop={training_loop!r}.")
     if name in _REGISTRY and not override:
         raise RegistryError(f"A strategy named {name!r} is already registered; pass "
                             "override=True to replace it.")
     if not description:
         description = (inspect.getdoc(factory) or "").split("\n")[0]
-    _REGISTRY[name] = StrategyEntry(name, factory, description, training_loop, multi_process,
-                                    max_devices, requires_gpu)
+    _REGISTRY[name] = StrategyEntry(name, factory, description, multi_process, max_devices,
+                                    requires_gpu)
     return factory
 
 
@@ -161,8 +159,44 @@ def entry(name: str) -> StrategyEntry:
     return _REGISTRY[name]
 
 
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a strategy from :func:`get` was made from; attached to it as ``strategy.tfpar``.
+
+    Attributes:
+        entry: The registry entry.
+        options: The options it was given (the factory's defaults filled in).
+        devices: The local device set.
+    """
+
+    entry: StrategyEntry
+    options: dict[str, Any]
+    devices: devices_lib.DeviceSet
+
+    @property
+    def name(self) -> str:
+        """The entry's registry name."""
+        return self.entry.name
+
+
+def selection(strategy: tf.distribute.Strategy) -> Selection:
+    """Returns what ``strategy`` was made from (its ``tfpar`` attribute).
+
+    Raises:
+        RegistryError: If ``strategy`` did not come from :func:`get`.
+    """
+    chosen = getattr(strategy, "tfpar", None)
+    if not isinstance(chosen, Selection):
+        raise RegistryError("This strategy did not come from tfpar.strategies.get, so tfpar does "
+                            "not know its registry entry. Obtain it with "
+                            f"tfpar.strategies.get(name, devices). Received: {strategy!r}.")
+    return chosen
+
+
 def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distribute.Strategy:
     """Returns a ready strategy: the named entry built over ``devices``.
+
+    The strategy carries what it was made from: ``strategy.tfpar`` is a :class:`Selection`.
 
     Args:
         name: A registered strategy name (see :func:`available`).
@@ -175,6 +209,7 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     Raises:
         RegistryError: If the name or an option is unknown.
         DeviceError: If the device set cannot be provided.
+        TfparError: If the entry rejects an option's value.
         TypeError: If the factory does not return a strategy.
     """
     chosen = entry(name)
@@ -192,6 +227,7 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"The factory of strategy {name!r} returned {strategy!r}, not a "
                         "tf.distribute.Strategy.")
+    strategy.tfpar = Selection(chosen, {**allowed, **options}, device_set)
     return strategy
 
 
@@ -248,50 +284,67 @@ def _mirrored(devices: devices_lib.DeviceSet, cross_device_ops: str = "auto"
         devices.tf_names, cross_device_ops=make_cross_device_ops(cross_device_ops, devices))
 
 
+class _CentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
+    """``CentralStorageStrategy`` that refuses Keras's ``evaluate``, which miscounts under it."""
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """``Strategy.run``; raises for Keras's own ``test_step`` (evaluate, validation)."""
+        if allreduce_strategy.is_keras_step(fn, "test_step"):
+            # Keras 3 updates its metrics' variables wrongly under this strategy: evaluate()
+            # returned loss 1.0958 and accuracy 0.50 where the same weights score 1.0857 and
+            # 0.583 (tests/fit_interface_test.py).
+            raise ConfigError("model.evaluate (and fit's validation_data) give wrong loss and "
+                              "metrics under 'central_storage' in Keras 3. Evaluate outside "
+                              "the strategy (a copy of the model, or tfpar.evaluation."
+                              "accuracy), or train with 'mirrored' or 'allreduce'.")
+        return super().run(fn, args=args, kwargs=kwargs, options=options)
+
+
 def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """CentralStorageStrategy: variables on one device (the CPU for GPU sets), compute mirrored."""
     parameter_device = "/device:CPU:0" if devices.is_gpu_only else devices.tf_names[0]
-    return tf.distribute.experimental.CentralStorageStrategy(
-        compute_devices=devices.tf_names, parameter_device=parameter_device)
+    return _CentralStorageStrategy(compute_devices=devices.tf_names,
+                                   parameter_device=parameter_device)
 
 
-# Keras 3's loss tracker updates its AggregatingVariables wrongly under this strategy: the
-# running loss it logs is wrong after the first step (the weights train exactly; tested).
+# Keras 3's loss tracker updates its variables wrongly under this strategy: the running loss
+# it logs is wrong after the first step (the weights train exactly; tested).
 _REGISTRY["central_storage"] = StrategyEntry(
     "central_storage", _central_storage, inspect.getdoc(_central_storage).split("\n")[0],
     logs_exact_loss=False)
 
 
-@register("allreduce", training_loop="allreduce")
+def _step_options(algorithm, bytes_per_pack, split_weights) -> allreduce_strategy.StepOptions:
+    return allreduce_strategy.StepOptions(
+        algorithm, bytes_per_pack, None if split_weights is None else tuple(split_weights))
+
+
+@register("allreduce")
 def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
                split_weights: Optional[tuple[float, ...]] = None,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
-    """Hand-written loop: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
-    # The loop's options are checked here, before any training starts.
-    allreduce.check_algorithm(algorithm)
-    strategy = _mirrored(devices, cross_device_ops)
-    if split_weights is not None:
-        allreduce_loop.check_split_weights(split_weights, strategy)
-    if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
-        raise RegistryError("bytes_per_pack must be an integer >= 0 (0: one reduction per "
-                            f"variable). Received: {bytes_per_pack!r}.")
-    return strategy
+    """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
+    return allreduce_strategy.AllReduceStrategy(
+        devices.tf_names, make_cross_device_ops(cross_device_ops, devices),
+        _step_options(algorithm, bytes_per_pack, split_weights))
 
 
 _IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
 
-@register("multi_worker", multi_process=True)
-def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
-                  cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
-                  task_index: Optional[int] = None) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
+def _multi_worker_setup(devices: devices_lib.DeviceSet, implementation: str, cluster: str,
+                        worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int]
+                        ) -> dict[str, Any]:
+    """The checked cluster resolver and communication options of a multi-worker strategy."""
     from tfpar import cluster as cluster_lib  # Only multi-worker runs need it.
 
     if implementation not in _IMPLEMENTATIONS:
         raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
                             f"{', '.join(_IMPLEMENTATIONS)}.")
+    if implementation == "nccl" and not devices.is_gpu_only:
+        raise RegistryError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
+                            "Use 'ring' or 'auto'.")
     if not devices.is_gpu_only and len(devices) != 1:
         raise RegistryError("On CPUs each multi_worker process runs one replica; use one device "
                             f"per worker and more workers. Received: {devices}.")
@@ -301,7 +354,27 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
     kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
+    return dict(cluster_resolver=cluster_lib.resolver(cluster, worker_hosts, task_index),
+                communication_options=tf.distribute.experimental.CommunicationOptions(
+                    implementation=kind))
+
+
+@register("multi_worker", multi_process=True)
+def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
+                  cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
+                  task_index: Optional[int] = None) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
     return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=cluster_lib.resolver(cluster, worker_hosts, task_index),
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=kind))
+        **_multi_worker_setup(devices, implementation, cluster, worker_hosts, task_index))
+
+
+@register("multi_worker_allreduce", multi_process=True)
+def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str = "auto",
+                            cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
+                            task_index: Optional[int] = None,
+                            bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK
+                            ) -> tf.distribute.Strategy:
+    """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
+    return allreduce_strategy.MultiWorkerAllReduceStrategy(
+        step_options=_step_options("collective", bytes_per_pack, None),
+        **_multi_worker_setup(devices, implementation, cluster, worker_hosts, task_index))

@@ -17,7 +17,6 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tfpar import allreduce_loop
 from tfpar import checkpointing
 from tfpar import cluster
 from tfpar import data as data_lib
@@ -174,8 +173,7 @@ def make_optimizer(config: TrainConfig, lr: float) -> keras.optimizers.Optimizer
 
 
 def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
-                         strategy: tf.distribute.Strategy, lr: float,
-                         fit_options: bool = True) -> keras.Model:
+                         strategy: tf.distribute.Strategy, lr: float) -> keras.Model:
     """Builds and compiles the configured model under ``strategy``'s scope.
 
     The dtype policy is in force while the model is built (layers keep it) and restored after.
@@ -185,8 +183,6 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
         splits: The dataset (its image shape and classes shape the model).
         strategy: The strategy.
         lr: Learning rate.
-        fit_options: Compile ``jit_compile`` and ``steps_per_execution`` into the model for
-            ``model.fit`` (the hand-written loop takes them itself).
 
     Raises:
         DatasetError: If the dataset's images do not fit the model.
@@ -199,11 +195,10 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
             model = models.build(config.model, num_classes=splits.num_classes,
                                  input_shape=splits.image_shape, **kwargs)
             data_lib.check_image_shape(splits, model.input_shape[1:])
-            extra = (dict(jit_compile=config.jit_compile,
-                          steps_per_execution=config.steps_per_execution) if fit_options else {})
             model.compile(optimizer=make_optimizer(config, lr),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"], **extra)
+                          metrics=["accuracy"], jit_compile=config.jit_compile,
+                          steps_per_execution=config.steps_per_execution)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     return model
@@ -245,8 +240,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         TfparError: On bad configuration, devices, strategy or dataset.
     """
     device_set = devices_lib.resolve(devices)
-    entry = strategies.entry(config.strategy)
     strategy = strategy or strategies.get(config.strategy, device_set, **config.strategy_options)
+    name = strategies.selection(strategy).name
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
@@ -254,14 +249,13 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                           "least one example. Raise --batch_size.")
     splits = splits or data_lib.load(config.dataset, config.data_dir)
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
-                 config.model, device_set, config.strategy, strategy.num_replicas_in_sync,
+                 config.model, device_set, name, strategy.num_replicas_in_sync,
                  batch_size, lr)
     check_compile_options(config, strategy, device_set)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    model = build_compiled_model(config, splits, strategy, lr,
-                                 fit_options=entry.training_loop == "fit")
+    model = build_compiled_model(config, splits, strategy, lr)
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     timer = timing.EpochTimer(splits.num_train)
     loss_guard = StopOnNonFiniteLoss()
@@ -271,7 +265,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         callbacks.append(replica_statistics.AverageAtEpochEnd(strategy))
     initial_epoch = 0
     if config.model_dir:
-        checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
+        checkpoint = _epoch_checkpoint(config, model, strategy)
         initial_epoch = checkpoint.restore() if config.resume else 0
         callbacks.append(checkpoint)
     if config.profile_steps:
@@ -284,17 +278,11 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch,
                     steps_per_epoch=steps_per_epoch, callbacks=callbacks,
                     verbose=config.verbose)
-    if entry.training_loop == "allreduce":
-        history = allreduce_loop.fit(
-            model, train, strategy=strategy, steps_per_execution=config.steps_per_execution,
-            jit_compile=config.jit_compile, **fit_args,
-            **allreduce_loop.loop_options(config.strategy_options))
-    else:
-        history = model.fit(train, **fit_args)
+    history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
-        strategy=config.strategy, devices=replica_devices(strategy, device_set),
+        strategy=name, devices=replica_devices(strategy, device_set),
         model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=evaluation.accuracy(model, test, strategy),
@@ -313,10 +301,10 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     return result
 
 
-def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
-                      device_set: devices_lib.DeviceSet) -> checkpointing.EpochCheckpoint:
-    allreduce_loop.build_optimizer(model, strategy)  # Slots exist before a restore.
-    directory = os.path.join(config.model_dir, f"{config.strategy}_{len(device_set)}_devices")
+def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy
+                      ) -> checkpointing.EpochCheckpoint:
+    chosen = strategies.selection(strategy)
+    directory = os.path.join(config.model_dir, f"{chosen.name}_{len(chosen.devices)}_devices")
     checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.

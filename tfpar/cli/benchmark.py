@@ -11,6 +11,7 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
+from tfpar import allreduce
 from tfpar import atomic_io
 from tfpar import benchmark
 from tfpar import models
@@ -45,6 +46,12 @@ flags.DEFINE_bool("baseline", False, "Also measure plain Keras with no strategy 
                   "and TensorFlow's default threads (every core).")
 flags.DEFINE_bool("ceiling", False, "Also measure N plain Keras processes training side by "
                   "side, one device each: what N devices give with no communication at all.")
+flags.DEFINE_list("allreduce", None,
+                  "All-reduce algorithms to sweep for the strategies that take one (allreduce), "
+                  "e.g. collective,ring,naive; the entry's default if unset.")
+flags.DEFINE_list("bytes_per_pack", None,
+                  "Gradient bucket sizes in bytes to sweep for the strategies that take one "
+                  "(allreduce, multi_worker_allreduce); the entry's default if unset.")
 flags.DEFINE_string("output", None, "Write the measurements to this JSON file.")
 flags.DEFINE_string("csv", None, "Write the table to this CSV file.")
 flags.DEFINE_string("plot", None, "Draw images/s and efficiency to this PNG file (matplotlib).")
@@ -78,9 +85,17 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--batch_size must be at least the largest device count "
                           f"({max(counts)}), so every replica gets an example. Received: "
                           f"--batch_size={FLAGS.batch_size}.")
+    swept = {}
+    if FLAGS.allreduce:
+        for algorithm in FLAGS.allreduce:
+            allreduce.check_algorithm(algorithm)
+        swept["algorithm"] = FLAGS.allreduce
+    if FLAGS.bytes_per_pack:
+        swept["bytes_per_pack"] = [common.parse_count("--bytes_per_pack", n, least=0)
+                                   for n in FLAGS.bytes_per_pack]
     sweep = benchmark.configurations(
         FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
-        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, dtype=FLAGS.dtype,
+        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, strategy_options=swept, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         warmup_steps=FLAGS.warmup_steps)
     measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,

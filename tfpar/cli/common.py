@@ -58,18 +58,19 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str) -> None:
     app.run(exit_cleanly(main))
 
 
-def parse_count(flag: str, text: str) -> int:
-    """Parses a positive integer flag item, e.g. one entry of ``--num_devices``.
+def parse_count(flag: str, text: str, least: int = 1) -> int:
+    """Parses an integer flag item of at least ``least``, e.g. one entry of ``--num_devices``.
 
     Raises:
-        ConfigError: If ``text`` is not an integer >= 1.
+        ConfigError: If ``text`` is not an integer >= ``least``.
     """
     try:
         value = int(text)
     except ValueError:
         value = None
-    if value is None or value < 1:
-        raise ConfigError(f"{flag} takes positive integers such as 1,2. Received: {text!r}.")
+    if value is None or value < least:
+        kind = "positive integers such as 1,2" if least == 1 else f"integers >= {least}"
+        raise ConfigError(f"{flag} takes {kind}. Received: {text!r}.")
     return value
 
 

@@ -52,9 +52,10 @@ flags.DEFINE_enum("cross_device_ops", "auto",
                   "Gradient reduction of the 'mirrored' strategy; auto: NCCL on GPUs, "
                   "reduction to one device otherwise.")
 flags.DEFINE_enum("allreduce", "collective", ["collective", "naive", "ring"],
-                  "All-reduce algorithm of the 'allreduce' strategy's hand-written loop.")
+                  "All-reduce algorithm of the 'allreduce' strategy's hand-written step.")
 flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
-                     "'allreduce': gradient bucket size in bytes (0: one reduction per variable).")
+                     "'allreduce', 'multi_worker_allreduce': gradient bucket size in bytes (0: "
+                     "one reduction per variable).")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
 flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
                   "Keras dtype policy; mixed_float16 trains with dynamic loss scaling.")
@@ -67,12 +68,13 @@ flags.DEFINE_list("split_weights", None,
                   "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
                   "device (an even split if unset).")
 flags.DEFINE_enum("implementation", "auto", ["auto", "ring", "nccl"],
-                  "'multi_worker': collective implementation.")
+                  "'multi_worker*': collective implementation (nccl: GPUs only).")
 flags.DEFINE_enum("cluster", "auto", ["auto", "tf_config", "slurm", "flags"],
-                  "'multi_worker': where the cluster comes from (auto: --worker_hosts, else "
+                  "'multi_worker*': where the cluster comes from (auto: --worker_hosts, else "
                   "TF_CONFIG, else SLURM).")
-flags.DEFINE_list("worker_hosts", None, "'multi_worker': host:port of every worker.")
-flags.DEFINE_integer("task_index", None, "'multi_worker': this worker's index in --worker_hosts.")
+flags.DEFINE_list("worker_hosts", None, "'multi_worker*': host:port of every worker.")
+flags.DEFINE_integer("task_index", None,
+                     "'multi_worker*': this worker's index in --worker_hosts.")
 flags.DEFINE_string("model_dir", None,
                     "Save training state here after every epoch (one sub-folder per device "
                     "set), to resume after a crash or kill.")

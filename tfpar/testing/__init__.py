@@ -23,7 +23,7 @@ Example::
         def test_fit(self, strategy_name, num_devices):
             strategy = self.strategy(strategy_name, num_devices)
             self.assertMatchesSingleDevice(my_compiled_model, tfpar.testing.tiny_dataset(),
-                                           strategy, strategy_name=strategy_name)
+                                           strategy)
 
     if __name__ == "__main__":
         tf.test.main()
@@ -33,10 +33,8 @@ from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.case import ensure_devices
 from tfpar.testing.case import for_each_strategy
 from tfpar.testing.datasets import tiny_dataset
-from tfpar.testing.equivalence import allreduce_steps
 from tfpar.testing.equivalence import fit_steps
-from tfpar.testing.equivalence import train_steps
 from tfpar.testing.tiny_model import tiny_model
 
-__all__ = ["StrategyTestCase", "allreduce_steps", "ensure_devices", "for_each_strategy", "fit_steps",
-           "tiny_dataset", "tiny_model", "train_steps"]
+__all__ = ["StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps", "tiny_dataset",
+           "tiny_model"]

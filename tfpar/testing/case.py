@@ -116,8 +116,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
 
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
-                                  *, strategy_name: Optional[str] = None,
-                                  train: Optional[equivalence.TrainFn] = None,
+                                  *, train: Optional[equivalence.TrainFn] = None,
                                   rtol: float = 1e-5, atol: float = 1e-6) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
@@ -129,20 +128,18 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
         Args:
             model_fn: Returns a new compiled model (new optimizer too).
             dataset: Global batches (e.g. :func:`tiny_dataset`); a few steps suffice.
-            strategy: The strategy under test.
-            strategy_name: Registry name of ``strategy``; selects the training function that
-                drives it (``model.fit`` or tfpar's all-reduce loop).
-            train: The training function under ``strategy``, overriding ``strategy_name``;
+            strategy: The strategy under test, with its options (from
+                ``tfpar.strategies.get``, or any ``tf.distribute.Strategy``).
+            train: The training function under ``strategy`` (``model.fit`` by default);
                 ``train(model, dataset, strategy)`` returns the per-step losses, or ``None``
-                to compare weights only. Weights only are compared, too, for entries whose
-                logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
+                to compare weights only. Weights only are compared, too, for registry entries
+                whose logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
             rtol: Relative tolerance.
             atol: Absolute tolerance.
         """
-        if train is None:
-            train = (equivalence.train_steps(strategy_name) if strategy_name
-                     else equivalence.fit_steps)
-        compare_losses = strategy_name is None or strategies.entry(strategy_name).logs_exact_loss
+        train = train or equivalence.fit_steps
+        chosen = getattr(strategy, "tfpar", None)
+        compare_losses = chosen is None or chosen.entry.logs_exact_loss
         reference = model_fn()
         initial = reference.get_weights()
         with strategy.scope():

@@ -12,8 +12,6 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from tfpar import strategies
-
 TrainFn = Callable[[keras.Model, tf.data.Dataset, tf.distribute.Strategy], list]
 
 
@@ -43,35 +41,3 @@ def fit_steps(model: keras.Model, dataset: tf.data.Dataset,
     record = _StepLosses()
     model.fit(dataset, epochs=1, verbose=0, callbacks=[record], shuffle=False)
     return record.losses
-
-
-def allreduce_steps(model: keras.Model, dataset: tf.data.Dataset,
-                    strategy: tf.distribute.Strategy, **options) -> list[float]:
-    """Trains one pass over ``dataset`` with tfpar's hand-written all-reduce loop.
-
-    Args:
-        model: A compiled model built under ``strategy``.
-        dataset: Global batches.
-        strategy: The strategy.
-        **options: Options of :func:`tfpar.allreduce_loop.fit` (e.g. ``algorithm``).
-
-    Returns:
-        The loss logged after each step.
-    """
-    from tfpar import allreduce_loop  # Imported here: most users of fit_steps never need it.
-
-    record = _StepLosses()
-    allreduce_loop.fit(model, dataset, epochs=1, strategy=strategy, callbacks=[record],
-                       verbose=0, **options)
-    return record.losses
-
-
-def train_steps(strategy_name: str) -> TrainFn:
-    """Returns the training function that drives a registry entry (fit or the all-reduce loop).
-
-    Raises:
-        RegistryError: If the name is unknown.
-    """
-    if strategies.entry(strategy_name).training_loop == "allreduce":
-        return allreduce_steps
-    return fit_steps

@@ -1,4 +1,4 @@
-"""Tests of the hand-written all-reduce loop: equality with one device, uneven data, options."""
+"""Tests of the all-reduce step under model.fit: equality with one device, uneven data, options."""
 
 import functools
 
@@ -7,7 +7,10 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfpar import allreduce_loop
+from unittest import mock
+
+from tfpar import allreduce
+from tfpar import allreduce_strategy
 from tfpar import models
 from tfpar import testing
 from tfpar.errors import ConfigError
@@ -37,10 +40,6 @@ def users_model():
         keras.layers.Dense(3)])
 
 
-def allreduce_with(**options):
-    return functools.partial(testing.equivalence.allreduce_steps, **options)
-
-
 class EquivalenceTest(testing.StrategyTestCase):
 
     @parameterized.product(algorithm=("collective", "naive", "ring"), num_examples=(8, 24))
@@ -48,15 +47,15 @@ class EquivalenceTest(testing.StrategyTestCase):
         # 8 examples: one step; 24: three steps of 8.
         self.assertMatchesSingleDevice(
             tiny_lenet, testing.tiny_dataset(num_examples=num_examples),
-            self.strategy("allreduce", 2), train=allreduce_with(algorithm=algorithm))
+            self.strategy("allreduce", 2, algorithm=algorithm))
 
     def test_users_model_equals_single_device(self):
         self.assertMatchesSingleDevice(compiled(users_model), testing.tiny_dataset(),
-                                       self.strategy("allreduce", 2), strategy_name="allreduce")
+                                       self.strategy("allreduce", 2))
 
     def test_mirrored_fit_equals_single_device(self):
         self.assertMatchesSingleDevice(tiny_lenet, testing.tiny_dataset(),
-                                       self.strategy("mirrored", 2), strategy_name="mirrored")
+                                       self.strategy("mirrored", 2))
 
     @parameterized.named_parameters(
         ("momentum", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
@@ -64,12 +63,12 @@ class EquivalenceTest(testing.StrategyTestCase):
     def test_keras_optimizers(self, optimizer):
         self.assertMatchesSingleDevice(compiled(users_model, optimizer),
                                        testing.tiny_dataset(num_examples=24),
-                                       self.strategy("allreduce", 2), strategy_name="allreduce")
+                                       self.strategy("allreduce", 2))
 
     def test_clipping_applies_to_the_reduced_gradient(self):
         clipped = lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05)
         self.assertMatchesSingleDevice(compiled(users_model, clipped), testing.tiny_dataset(),
-                                       self.strategy("allreduce", 2), strategy_name="allreduce")
+                                       self.strategy("allreduce", 2))
 
     def test_mirrored_fit_clips_each_replica_before_reducing(self):
         # Keras 3's documented-here defect: under mirrored + fit, global_clipnorm clips each
@@ -78,7 +77,7 @@ class EquivalenceTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(AssertionError, "differ"):
             self.assertMatchesSingleDevice(compiled(users_model, clipped),
                                            testing.tiny_dataset(),
-                                           self.strategy("mirrored", 2), strategy_name="mirrored")
+                                           self.strategy("mirrored", 2))
 
 
 class MixedPrecisionTest(testing.StrategyTestCase):
@@ -94,7 +93,7 @@ class MixedPrecisionTest(testing.StrategyTestCase):
             self.assertIsInstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
             return model
         self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(24, batch_size=8),
-                                       self.strategy("allreduce", 2), strategy_name="allreduce",
+                                       self.strategy("allreduce", 2),
                                        rtol=1e-3, atol=1e-4)
 
     def test_overflowing_step_is_skipped_and_the_scale_halved(self):
@@ -106,11 +105,11 @@ class MixedPrecisionTest(testing.StrategyTestCase):
             return model
         strategy = self.strategy("allreduce", 2)
         self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(8), strategy,
-                                       strategy_name="allreduce", rtol=1e-3, atol=1e-4)
+                                       rtol=1e-3, atol=1e-4)
         with strategy.scope():
             model = model_fn()
         before = model.get_weights()
-        testing.allreduce_steps(model, testing.tiny_dataset(8), strategy)
+        testing.fit_steps(model, testing.tiny_dataset(8), strategy)
         self.assertEqual(model.optimizer.dynamic_scale.numpy(), 2.0**39)
         self.assertAllClose(before, model.get_weights())
 
@@ -127,12 +126,12 @@ class UnevenDataTest(testing.StrategyTestCase):
     def test_allreduce_is_exact(self, num_examples, batch_size):
         self.assertMatchesSingleDevice(
             compiled(users_model), testing.tiny_dataset(num_examples, batch_size=batch_size),
-            self.strategy("allreduce", 2), strategy_name="allreduce")
+            self.strategy("allreduce", 2))
 
     def test_three_replicas_with_remainders(self):
         self.assertMatchesSingleDevice(
             compiled(users_model), testing.tiny_dataset(11, batch_size=4),
-            self.strategy("allreduce", 3), strategy_name="allreduce")
+            self.strategy("allreduce", 3))
 
     @parameterized.parameters((10, 5), (9, 8), (3, 3))
     def test_mirrored_fit_does_not_crash(self, num_examples, batch_size):
@@ -148,13 +147,38 @@ class OptionsTest(testing.StrategyTestCase):
 
     def test_split_weights_keep_the_gradient_exact(self):
         self.assertMatchesSingleDevice(compiled(users_model), testing.tiny_dataset(),
-                                       self.strategy("allreduce", 2),
-                                       train=allreduce_with(split_weights=(3, 1)))
+                                       self.strategy("allreduce", 2, split_weights=(3, 1)))
+
+    def test_split_weights_give_each_replica_its_share(self):
+        strategy = self.strategy("allreduce", 2, split_weights=(3, 1))
+        shards = strategy.experimental_distribute_dataset(testing.tiny_dataset(8, batch_size=8))
+        x, _ = next(iter(shards))
+        self.assertEqual([len(v) for v in strategy.experimental_local_results(x)], [6, 2])
 
     def test_split_sizes(self):
-        self.assertAllEqual(allreduce_loop.split_sizes(tf.constant(8), [3, 1]), [6, 2])
-        self.assertAllEqual(allreduce_loop.split_sizes(tf.constant(5), [1, 1, 1]), [2, 2, 1])
-        self.assertAllEqual(allreduce_loop.split_sizes(tf.constant(1), [1, 3]), [0, 1])
+        self.assertAllEqual(allreduce_strategy.split_sizes(tf.constant(8), [3, 1]), [6, 2])
+        self.assertAllEqual(allreduce_strategy.split_sizes(tf.constant(5), [1, 1, 1]), [2, 2, 1])
+        self.assertAllEqual(allreduce_strategy.split_sizes(tf.constant(1), [1, 3]), [0, 1])
+
+    @parameterized.parameters("collective", "naive", "ring")
+    def test_the_chosen_algorithm_and_buckets_run(self, algorithm):
+        # A user's unchanged fit must reduce with the options the strategy was given.
+        calls = []
+        original = allreduce._reduce
+
+        def spy(flats, chosen, context):
+            calls.append((chosen, len(flats)))
+            return original(flats, chosen, context)
+
+        strategy = self.strategy("allreduce", 2, algorithm=algorithm, bytes_per_pack=64)
+        with strategy.scope():
+            model = compiled(users_model)()
+        with mock.patch.object(allreduce, "_reduce", spy):
+            model.fit(testing.tiny_dataset(), verbose=0)
+        # The example count (4 bytes) and users_model's variables (10,368, 32, 96 and 12
+        # bytes) in 64-byte buckets: no two neighbours fit together, so 5 buckets (the default
+        # 25 MiB would give 1).
+        self.assertEqual(set(calls), {(algorithm, 5)})
 
     def test_steps_per_execution(self):
         # 5 steps run as executions of 3 + 2 must train exactly as 5 single steps.
@@ -163,69 +187,54 @@ class OptionsTest(testing.StrategyTestCase):
         for steps in (1, 3):
             with strategy.scope():
                 model = compiled(users_model)()
+                model.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=steps,
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             if weights:
                 model.set_weights(initial)
             initial = model.get_weights()
-            histories.append(allreduce_loop.fit(model, testing.tiny_dataset(40, batch_size=8),
-                                                verbose=0, steps_per_execution=steps).history)
+            histories.append(model.fit(testing.tiny_dataset(40, batch_size=8),
+                                       verbose=0).history)
             weights.append(model.get_weights())
         self.assertAllClose(histories[0], histories[1], rtol=1e-6)
         self.assertAllClose(weights[0], weights[1], rtol=1e-6, atol=1e-7)
 
     def test_dataset_of_unknown_length(self):
-        # filter() hides the length: the loop then asks for data step by step.
+        # filter() hides the length.
         dataset = testing.tiny_dataset(40, batch_size=8).filter(lambda x, y: True)
         self.assertEqual(int(dataset.cardinality()), tf.data.UNKNOWN_CARDINALITY)
-        strategy = self.strategy("allreduce", 2)
-        self.assertMatchesSingleDevice(compiled(users_model), dataset, strategy,
-                                       strategy_name="allreduce")
-        # Executions of 2 steps log once per execution: compare the weights only.
-        two_per_call = lambda *args: allreduce_with(steps_per_execution=2)(*args) and None
-        self.assertMatchesSingleDevice(compiled(users_model), dataset, strategy,
-                                       train=two_per_call)
+        self.assertMatchesSingleDevice(compiled(users_model), dataset,
+                                       self.strategy("allreduce", 2))
 
-    def test_compiled_step_is_reused_across_calls(self):
+    def test_a_model_that_overrides_train_step_keeps_it(self):
+        steps = []
+
+        class OwnStep(keras.Model):
+            def train_step(self, data):
+                steps.append("own")
+                return super().train_step(data)
+
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():
-            model = compiled(users_model)()
-        allreduce_loop.fit(model, testing.tiny_dataset(), verbose=0)
-        step = allreduce_loop._STEPS[model]
-        function = next(iter(step.values())).steps_function(1)
-        allreduce_loop.fit(model, testing.tiny_dataset(), verbose=0)
-        self.assertLen(allreduce_loop._STEPS[model], 1)
-        self.assertIs(next(iter(allreduce_loop._STEPS[model].values())).steps_function(1),
-                      function)
-        self.assertEqual(function.experimental_get_tracing_count(), 1)
-
-    def test_callbacks_and_history(self):
-        strategy = self.strategy("allreduce", 2)
-        with strategy.scope():
-            model = compiled(users_model)()
-        seen = []
-        callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.append(e))
-        history = allreduce_loop.fit(model, testing.tiny_dataset(), epochs=3, verbose=0,
-                                     callbacks=[callback])
-        self.assertEqual(seen, [0, 1, 2])
-        self.assertEqual(sorted(history.history), ["accuracy", "loss"])
-        self.assertLen(history.history["loss"], 3)
+            inputs = keras.Input((18, 18, 1))
+            model = OwnStep(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+            model.compile(optimizer="sgd",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(testing.tiny_dataset(), verbose=0)
+        self.assertNotEmpty(steps)
 
     def test_errors(self):
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():
             model = users_model()
-        with self.assertRaisesRegex(ConfigError, "Compile the model"):
-            allreduce_loop.fit(model, testing.tiny_dataset())
-        with strategy.scope():
-            model.compile(optimizer=keras.optimizers.AdamW(), loss="mse")
+            model.compile(optimizer=keras.optimizers.AdamW(),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         with self.assertRaisesRegex(ConfigError, "does not support optimizer weight_decay"):
-            allreduce_loop.fit(model, testing.tiny_dataset())
-        with strategy.scope():
-            model.compile(optimizer="sgd", loss="mse")
+            model.fit(testing.tiny_dataset(), verbose=0)
         with self.assertRaisesRegex(ConfigError, r"one positive weight per replica \(2\)\. "
-                                                 r"Received: \[1\.0\]"):
-            allreduce_loop.fit(model, testing.tiny_dataset(), split_weights=[1])
-        with self.assertRaisesRegex(ConfigError, "steps_per_execution must be an integer >= 1"):
-            allreduce_loop.fit(model, testing.tiny_dataset(), steps_per_execution=0)
+                                                 r"Received: split_weights=\[1\]"):
+            self.strategy("allreduce", 2, split_weights=[1])
+        with self.assertRaisesRegex(ConfigError, "bytes_per_pack must be an integer >= 0"):
+            self.strategy("allreduce", 2, bytes_per_pack=-1)
 
 
 if __name__ == "__main__":

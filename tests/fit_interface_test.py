@@ -1,0 +1,214 @@
+"""A user's own models, data and callbacks under every registry entry, through plain model.fit.
+
+Every test here is written as a user would write it: build and compile in
+``strategy.scope()``, then ``fit`` / ``evaluate`` / ``predict``; the result must equal the same
+code on one device.
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import testing
+from tfpar.errors import ConfigError
+
+RNG = np.random.default_rng(0)
+IMAGES = RNG.random((11, 6, 6, 1), dtype=np.float32)
+FEATURES = RNG.random((11, 5), dtype=np.float32)
+LABELS = RNG.integers(0, 3, 11).astype(np.int32)
+TARGETS = RNG.random((11, 2), dtype=np.float32)
+WEIGHTS = RNG.random(11, dtype=np.float32) * 2
+
+
+def sequential():
+    model = keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3, name="conv"),
+                              keras.layers.Flatten(), keras.layers.Dense(3, name="logits")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def two_inputs():
+    image, features = keras.Input((6, 6, 1), name="image"), keras.Input((5,), name="features")
+    joined = keras.layers.Concatenate()([keras.layers.Flatten()(image), features])
+    model = keras.Model([image, features], keras.layers.Dense(3, name="logits")(joined))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    return model
+
+
+def two_outputs():
+    image = keras.Input((6, 6, 1))
+    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(
+        keras.layers.Flatten()(image))
+    model = keras.Model(image, {"label": keras.layers.Dense(3, name="label")(hidden),
+                                "target": keras.layers.Dense(2, name="target")(hidden)})
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss={"label": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        "target": keras.losses.MeanSquaredError()},
+                  loss_weights={"label": 1.0, "target": 0.5},
+                  metrics={"target": [keras.metrics.MeanAbsoluteError()]})
+    return model
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(4, activation="relu",
+                                         kernel_regularizer=keras.regularizers.L2(1e-2))
+        self.out = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.out(self.hidden(self.flatten(x)))
+
+
+def subclassed():
+    model = Subclassed()
+    model(IMAGES[:1])  # Creates the variables, as a user of a subclassed model does.
+    model.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+MODELS = {"sequential": (sequential, lambda: (IMAGES, LABELS)),
+          "two_inputs": (two_inputs, lambda: ((IMAGES, FEATURES), LABELS)),
+          "two_outputs": (two_outputs, lambda: (IMAGES, {"label": LABELS, "target": TARGETS})),
+          "subclassed": (subclassed, lambda: (IMAGES, LABELS))}
+
+
+def dataset(name: str, uneven: bool) -> tf.data.Dataset:
+    # Uneven: batches of 5, 5, 1, which split 3+2, 3+2, 1+0 on 2 replicas. Even: 4, 4, 2.
+    x, y = MODELS[name][1]()
+    examples = tf.data.Dataset.from_tensor_slices((x, y))
+    return examples.batch(5) if uneven else examples.take(10).batch(4)
+
+
+class EveryEntryTest(testing.StrategyTestCase):
+
+    def check(self, strategy_name, model_name):
+        strategy = self.strategy(strategy_name, 2)
+        # Keras's own step (mirrored, central_storage) averages the replicas' mean losses, so
+        # only even batches give the single-device step; tfpar's all-reduce step is exact on
+        # any split.
+        uneven = strategy_name == "allreduce"
+        build = MODELS[model_name][0]
+        data = dataset(model_name, uneven)
+        self.assertMatchesSingleDevice(build, data, strategy, rtol=1e-5, atol=1e-5)
+        # evaluate and predict in parallel equal one device, after the same training. They
+        # run Keras's own test step, exact on even batches.
+        even = dataset(model_name, uneven=False)
+        reference = build()
+        with strategy.scope():
+            model = build()
+        model.set_weights(reference.get_weights())
+        for m in (reference, model):
+            m.fit(data, verbose=0)
+        self.assertAllClose(reference.predict(even, verbose=0), model.predict(even, verbose=0),
+                            rtol=1e-5, atol=1e-6)
+        if strategy_name == "central_storage":
+            with self.assertRaisesRegex(ConfigError, "give wrong loss and metrics under "
+                                                     "'central_storage'"):
+                model.evaluate(even, verbose=0)
+            return
+        self.assertAllClose(reference.evaluate(even, verbose=0, return_dict=True),
+                            model.evaluate(even, verbose=0, return_dict=True), rtol=1e-5)
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_sequential(self, strategy_name, num_devices):
+        self.check(strategy_name, "sequential")
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_two_inputs(self, strategy_name, num_devices):
+        self.check(strategy_name, "two_inputs")
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_two_outputs_with_loss_weights(self, strategy_name, num_devices):
+        self.check(strategy_name, "two_outputs")
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_subclassed_with_regularizer_and_clipping(self, strategy_name, num_devices):
+        if strategy_name != "allreduce":
+            # Keras's step clips each replica's partial gradient (allreduce_strategy_test).
+            self.skipTest("global_clipnorm is exact only under the all-reduce step")
+        self.check(strategy_name, "subclassed")
+
+
+class AllReduceFitFeaturesTest(testing.StrategyTestCase):
+    """fit's features under the all-reduce step, each equal to one device."""
+
+    def fit_both(self, build, **fit_kwargs):
+        reference = build()
+        with self.strategy("allreduce", 2).scope():
+            model = build()
+        model.set_weights(reference.get_weights())
+        histories = [m.fit(verbose=0, **fit_kwargs).history for m in (reference, model)]
+        self.assertAllClose(histories[0], histories[1], rtol=1e-5, atol=1e-6)
+        self.assertAllClose(reference.get_weights(), model.get_weights(), rtol=1e-5, atol=1e-6)
+        return histories[1]
+
+    def test_numpy_input_with_sample_weights(self):
+        history = self.fit_both(sequential, x=IMAGES, y=LABELS, sample_weight=WEIGHTS,
+                                batch_size=5, epochs=2, shuffle=False)
+        self.assertLen(history["loss"], 2)
+
+    def test_class_weight(self):
+        self.fit_both(sequential, x=IMAGES, y=LABELS, class_weight={0: 1.0, 1: 3.0, 2: 0.5},
+                      batch_size=5, shuffle=False)
+
+    def test_sample_weights_in_the_dataset(self):
+        data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS, WEIGHTS)).batch(5)
+        self.fit_both(sequential, x=data)
+
+    def test_regression_metrics_are_logged(self):
+        def regression():
+            model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+            model.compile(optimizer="sgd", loss="mse",
+                          metrics=[keras.metrics.MeanAbsoluteError(),
+                                   keras.metrics.RootMeanSquaredError()])
+            return model
+
+        history = self.fit_both(regression, x=FEATURES, y=TARGETS, batch_size=5, shuffle=False)
+        self.assertGreater(history["mean_absolute_error"][0], 0.0)
+        self.assertNotIn("accuracy", history)
+
+    def test_validation_data_and_frequency(self):
+        history = self.fit_both(sequential, x=IMAGES, y=LABELS, batch_size=5, epochs=2,
+                                shuffle=False, validation_data=(IMAGES[:7], LABELS[:7]),
+                                validation_freq=2)
+        self.assertLen(history["val_loss"], 1)
+        self.assertLen(history["val_accuracy"], 1)
+
+    def test_backup_and_restore_resumes_at_the_right_epoch(self):
+        backup = os.path.join(self.get_temp_dir(), "backup")
+        epochs_seen = []
+
+        class StopAfterTwo(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                epochs_seen.append(epoch)
+                if epoch == 2:
+                    raise KeyboardInterrupt  # A crash.
+
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = sequential()
+        with self.assertRaises(KeyboardInterrupt):
+            model.fit(IMAGES, LABELS, batch_size=5, epochs=4, verbose=0,
+                      callbacks=[keras.callbacks.BackupAndRestore(backup), StopAfterTwo()])
+        with strategy.scope():
+            resumed = sequential()
+        epochs_seen.clear()
+        record = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch))
+        resumed.fit(IMAGES, LABELS, batch_size=5, epochs=4, verbose=0,
+                    callbacks=[keras.callbacks.BackupAndRestore(backup), record])
+        self.assertEqual(epochs_seen, [2, 3])
+
+
+if __name__ == "__main__":
+    tf.test.main()
