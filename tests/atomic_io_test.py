@@ -39,9 +39,25 @@ class AtomicIoTest(tf.test.TestCase):
             atomic_io.check_writable("/no/such/r.json")
         with self.assertRaisesRegex(ConfigError, "is a directory; give a file path"):
             atomic_io.check_writable(folder)
-        with mock.patch.object(atomic_io.os, "access", return_value=False):
-            with self.assertRaisesRegex(ConfigError, "is not writable"):
+        # The check creates a file (root ignores permission bits); here creating one fails.
+        with mock.patch.object(atomic_io.tempfile, "mkstemp",
+                               side_effect=OSError(30, "Read-only file system")):
+            with self.assertRaisesRegex(ConfigError, r"is not writable: .* \(Read-only file "
+                                                     r"system\)"):
                 atomic_io.check_writable(os.path.join(folder, "r.json"))
+        self.assertEqual(os.listdir(folder), [])  # No probe file left behind.
+        with self.assertRaisesRegex(ConfigError, "is not writable"):
+            atomic_io.check_writable("/proc/r.json")
+
+    def test_non_finite_numbers_are_written_as_null(self):
+        path = os.path.join(self.get_temp_dir(), "r.json")
+        atomic_io.write_json(path, {"loss": [1.5, float("nan"), float("inf")], "n": 2})
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        self.assertNotIn("NaN", text)
+        # Strict parsing, as JSON.parse in other languages does.
+        self.assertEqual(json.loads(text, parse_constant=lambda c: self.fail(c)),
+                         {"loss": [1.5, None, None], "n": 2})
 
 
 if __name__ == "__main__":

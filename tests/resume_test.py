@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar import checkpointing
 from tfpar import data
 from tfpar import testing
 from tfpar import training
@@ -55,6 +56,23 @@ class ResumeTest(SameStateTestCase):
         self.assertEqual(resumed.epochs, 3)
         sub = f"{strategy_name}_2_devices"
         self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
+
+
+    def test_a_diverged_epoch_is_not_saved(self):
+        directory = self.get_temp_dir()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
+        checkpoint.set_model(model)
+        checkpoint.on_epoch_end(0, {"loss": 1.5})
+        finite = tf.train.latest_checkpoint(directory)
+        with self.assertLogs(level="WARNING") as logs:
+            checkpoint.on_epoch_end(1, {"loss": float("nan")})
+        self.assertIn("Not saving epoch 2: its loss is nan", logs.output[0])
+        # The last finite epoch stays the resume point.
+        self.assertEqual(tf.train.latest_checkpoint(directory), finite)
+        self.assertEqual(checkpoint.restore(), 1)
 
 
 def synthetic_splits():

@@ -2,6 +2,7 @@
 
 import dataclasses
 import glob
+import math
 import os
 
 import keras
@@ -28,7 +29,7 @@ class OptionsTest(testing.StrategyTestCase):
     def test_mixed_precision_trains_and_restores_the_policy(self, strategy, dtype):
         result = training.train_on_devices(
             dataclasses.replace(CONFIG, strategy=strategy, dtype=dtype), 2, splits())
-        self.assertTrue(all(map(lambda v: v == v, result.history["loss"])))  # Finite.
+        self.assertTrue(all(map(math.isfinite, result.history["loss"])))
         self.assertEqual(keras.mixed_precision.global_policy().name, "float32")
 
     @parameterized.parameters("mirrored", "allreduce")
@@ -36,6 +37,23 @@ class OptionsTest(testing.StrategyTestCase):
         result = training.train_on_devices(
             dataclasses.replace(CONFIG, strategy=strategy, jit_compile=True), 1, splits())
         self.assertLen(result.epoch_seconds, 1)
+
+    @parameterized.parameters("mirrored", "allreduce")
+    def test_every_epoch_runs_exactly_its_steps_whatever_steps_per_execution(self, strategy):
+        # 64 examples in batches of 24: 3 steps an epoch; calls of 2 steps must not run a 4th.
+        iterations = []
+        record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: iterations.append(
+            int(record.model.optimizer.iterations.numpy())))
+        training.train_on_devices(
+            dataclasses.replace(CONFIG, strategy=strategy, epochs=2, batch_size=24,
+                                steps_per_execution=2), 2, splits(), callbacks=[record])
+        self.assertEqual(iterations, [3, 6])
+
+    @parameterized.parameters(-1, 2**32, 1.5)
+    def test_seed_out_of_range(self, seed):
+        with self.assertRaisesRegex(ConfigError, r"seed must be an integer from 0 to 2\*\*32 - 1\. "
+                                                 rf"Received: seed={seed}"):
+            dataclasses.replace(CONFIG, seed=seed)
 
     def test_jit_compile_refused_on_cpu_replicas(self):
         with self.assertRaisesRegex(ConfigError, "--jit_compile cannot run on 2 CPU replicas"):

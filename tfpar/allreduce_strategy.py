@@ -166,6 +166,12 @@ def _local_mean_loss(model: keras.Model, x, y, y_pred, sample_weight) -> tf.Tens
     return loss * tf.cast(tf.distribute.get_replica_context().num_replicas_in_sync, loss.dtype)
 
 
+def _synchronizes(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` or a layer inside it communicates across replicas in its call."""
+    return bool(getattr(layer, "synchronized", False)) or any(
+        _synchronizes(inner) for inner in getattr(layer, "layers", ()))
+
+
 def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]:
     """One exact data-parallel training step on this replica's shard (a replica context).
 
@@ -218,12 +224,22 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         # an empty batch).
         return [tf.zeros_like(variables[i]) for i in present]
 
-    # tf.cond traces forward_backward first, which fills `present` for empty_shard.
-    grads = tf.cond(count > 0, forward_backward, empty_shard)
-    # The example count travels in the same all-reduce as the gradients.
-    reduced = allreduce.all_reduce_sum([tf.reshape(count, [1])] + list(grads),
+    if _synchronizes(model):
+        # Layers that all-reduce inside the forward pass (synchronized BatchNormalization)
+        # cannot sit in a conditional branch, so every replica runs the model.
+        grads = forward_backward()
+    else:
+        # tf.cond traces forward_backward first, which fills `present` for empty_shard.
+        grads = tf.cond(count > 0, forward_backward, empty_shard)
+    # The example count and the metrics' states (the epoch's running totals of this replica)
+    # travel in the same all-reduce as the gradients: summed, they are the global batch's.
+    metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
+    flat_states = [value for states in metric_states for value in states]
+    reduced = allreduce.all_reduce_sum([tf.reshape(count, [1])] + flat_states + list(grads),
                                        options.algorithm, options.bytes_per_pack)
-    total, reduced_grads = reduced[0][0], reduced[1:]
+    total = reduced[0][0]
+    reduced_states = reduced[1:1 + len(flat_states)]
+    reduced_grads = reduced[1 + len(flat_states):]
     scale = 1.0 / tf.maximum(total, 1.0)
     if loss_scale is not None:
         scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
@@ -234,10 +250,14 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
               if loss_scale is not None else tf.constant(True))
     reduced_grads = _clip(inner, reduced_grads)
     _apply(model.optimizer, [variables[i] for i in present], reduced_grads, finite)
-    # Read in the cross-replica context, each metric sums its replicas' states: the logs are
-    # those of the global batch on every replica (Keras's step logs the mean of the replicas'
-    # own results, which is not the global figure when shards differ in size).
-    return context.merge_call(lambda _: model.get_metrics_result())
+    # The logs are the global batch's on every replica (Keras's step logs the mean of the
+    # replicas' own results, which is not the global figure when shards differ in size).
+    logs, start = {}, 0
+    for metric, states in zip(model.metrics, metric_states):
+        result = metric.stateless_result(reduced_states[start:start + len(states)])
+        start += len(states)
+        logs.update(result if isinstance(result, dict) else {metric.name: result})
+    return logs
 
 
 def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,

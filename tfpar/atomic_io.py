@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from typing import Any, Iterator
@@ -29,9 +30,16 @@ def check_writable(path: str) -> None:
     if not os.path.isdir(folder):
         raise ConfigError(f"The folder of output path {path!r} does not exist: {folder!r}. "
                           "Create it first or choose an existing folder.")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"The folder of output path {path!r} is not writable: {folder!r}. "
-                          "Choose a folder you can write to.")
+    # Actually create a file there: permission bits say nothing for root, nor about a
+    # read-only or full file system.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".probe",
+                                     dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"The folder of output path {path!r} is not writable: {folder!r} "
+                          f"({e.strerror}). Choose a folder you can write to.") from None
 
 
 @contextlib.contextmanager
@@ -68,6 +76,22 @@ def write_text(path: str, text: str) -> None:
             f.write(text)
 
 
+def json_safe(value: Any) -> Any:
+    """Returns ``value`` with every NaN or infinite float replaced by ``None``.
+
+    JSON has no NaN or Infinity (Python writes bare ``NaN``, which other languages' parsers
+    reject); a diverged run's losses are written as ``null``.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_json(path: str, value: Any) -> None:
-    """Writes ``value`` as indented JSON to ``path`` atomically."""
-    write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+    """Writes ``value`` as indented, strict JSON to ``path`` atomically (NaN as ``null``)."""
+    write_text(path, json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False)
+               + "\n")

@@ -117,6 +117,9 @@ class Measurement:
         images_per_second: One figure per round.
         all_reduce_seconds: Per round, the time of one all-reduce of the model's gradients
             through the strategy alone: the communication in every step.
+        steal_fraction: Per round, the share of the machine's CPU time that the hypervisor
+            gave to other guests ("steal" in ``/proc/stat``) while the slice ran: where it is
+            high, the round measured a throttled machine, not the configuration.
     """
 
     configuration: Configuration
@@ -124,6 +127,7 @@ class Measurement:
     training_flops_per_image: int = 0
     images_per_second: list[float] = dataclasses.field(default_factory=list)
     all_reduce_seconds: list[float] = dataclasses.field(default_factory=list)
+    steal_fraction: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def strategy(self) -> str:
@@ -139,6 +143,11 @@ class Measurement:
     def best(self) -> float:
         """Best (highest) images/s over the rounds."""
         return max(self.images_per_second)
+
+    @property
+    def worst(self) -> float:
+        """Worst (lowest) images/s over the rounds."""
+        return min(self.images_per_second)
 
     @property
     def median(self) -> float:
@@ -261,8 +270,10 @@ class _Processes:
                            f"ended with status {process.returncode}:\n"
                            f"{self.logs[index].read()[-3000:]}")
 
-    def measure(self, steps: int) -> tuple[float, float]:
-        """Trains ``steps`` steps; returns images/s and the seconds of one all-reduce."""
+    def measure(self, steps: int) -> tuple[float, float, float]:
+        """Trains ``steps`` steps; returns images/s, the seconds of one all-reduce, and the
+        machine's steal fraction meanwhile."""
+        before = _cpu_times()
         for process in self.processes:
             process.stdin.write(f"RUN {steps}\n")
             process.stdin.flush()
@@ -275,7 +286,20 @@ class _Processes:
         # Workers of one job wait on each other: worker 0's rate is the job's. Independent
         # processes each train their share of the batch: their rates add up.
         rate = sum(rates) if self.configuration.strategy == CEILING else rates[0]
-        return rate, float(replies[0][2])
+        after = _cpu_times()
+        steal = (after[0] - before[0]) / max(after[1] - before[1], 1)
+        return rate, float(replies[0][2]), steal
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(steal, total) CPU time of the machine so far, in clock ticks; zeros without /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal [guest guest_nice, already in user]
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -323,9 +347,10 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
             order = list(range(len(sweep)))
             order = order[round_index % len(order):] + order[:round_index % len(order)]
             for i in order:
-                images_per_second, all_reduce_seconds = running[i].measure(steps)
+                images_per_second, all_reduce_seconds, steal = running[i].measure(steps)
                 measurements[i].images_per_second.append(images_per_second)
                 measurements[i].all_reduce_seconds.append(all_reduce_seconds)
+                measurements[i].steal_fraction.append(steal)
                 if progress:
                     progress(f"round {round_index + 1}/{rounds}: {_describe(sweep[i])} "
                              f"{measurements[i].images_per_second[-1]:.1f} images/s")
@@ -359,8 +384,9 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
                      "devices": " ".join(m.devices),
                      "threads_per_device": 0 if m.strategy == BASELINE else c.threads_per_device,
                      "batch_size": c.batch_size, "dtype": c.dtype,
-                     "images_per_second": m.median, "best_images_per_second": m.best,
-                     "spread": m.spread, "gflops_per_second": m.gflops_per_second,
+                     "images_per_second": m.median, "worst_images_per_second": m.worst,
+                     "best_images_per_second": m.best, "spread": m.spread,
+                     "steal": statistics.median(m.steal_fraction) if m.steal_fraction else 0.0, "gflops_per_second": m.gflops_per_second,
                      "all_reduce_share": m.all_reduce_share,
                      "speedup": speedup, "efficiency": speedup / len(m.devices),
                      "vs_first": paired_ratio(m, first),
@@ -400,11 +426,18 @@ def plot(path: str, measurements: Sequence[Measurement]) -> None:
         line = sorted((r for r in rows if (r["model"], r["strategy"]) == key),
                       key=lambda r: r["num_devices"])
         devices = [r["num_devices"] for r in line]
-        speed.plot(devices, [r["images_per_second"] for r in line], marker="o",
-                   label=" ".join(key))
+        drawn = speed.plot(devices, [r["images_per_second"] for r in line], marker="o",
+                           label=" ".join(key))
+        # Every round as a small point: a configuration that alternates between two speeds
+        # shows as two clusters, not as one median.
+        for m in measurements:
+            if (m.model, m.strategy) == key:
+                speed.scatter([len(m.devices)] * len(m.images_per_second), m.images_per_second,
+                              s=10, alpha=0.4, color=drawn[0].get_color())
         efficiency.plot(devices, [r["efficiency"] for r in line], marker="o",
                         label=" ".join(key))
-    speed.set(xlabel="devices", ylabel="images/s (median round)", title="Throughput")
+    speed.set(xlabel="devices", ylabel="images/s (line: median round; dots: rounds)",
+              title="Throughput")
     efficiency.set(xlabel="devices", ylabel="speedup / devices", title="Scaling efficiency",
                    ylim=(0, 1.2))
     for axes in (speed, efficiency):
@@ -421,21 +454,22 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
     """Returns the results table.
 
     Columns: threads per device (``-``: TensorFlow's default, all cores), images/s (median
-    round; the best round and the spread (max - min) / median beside it), achieved training
+    round; the worst and best rounds beside it, so a configuration that alternates between
+    two speeds shows at a glance), the machine's steal share (median over rounds), achieved training
     GFLOP/s, sec/epoch for ``epoch_examples`` images, the share of a step's time that one
     all-reduce of the gradients takes when timed alone (communication), speedup over the same
     strategy and model on its smallest device count, scaling efficiency (speedup / devices),
     the ratio to the first strategy on the same device count and model (e.g. allreduce /
     mirrored), and to the plain Keras baseline. Ratios are paired: medians of per-round ratios.
     """
-    header = ("model", "strategy", "devices", "threads", "images/s", "best", "spread",
+    header = ("model", "strategy", "devices", "threads", "images/s", "worst", "best", "steal",
               "GFLOP/s", "sec/epoch", "all-reduce", "speedup", "efficiency", "vs first",
               "vs keras")
     rows = [header]
     for m, r in zip(measurements, _rows(measurements)):
         rows.append((m.model, m.strategy, f"[{', '.join(m.devices)}]",
-                     str(r["threads_per_device"] or "-"), f"{m.median:.1f}", f"{m.best:.1f}",
-                     f"{100 * m.spread:.0f}%", f"{m.gflops_per_second:.1f}",
+                     str(r["threads_per_device"] or "-"), f"{m.median:.1f}", f"{m.worst:.1f}",
+                     f"{m.best:.1f}", f"{100 * r['steal']:.0f}%", f"{m.gflops_per_second:.1f}",
                      f"{epoch_examples / m.median:.1f}", f"{100 * m.all_reduce_share:.0f}%",
                      f"{r['speedup']:.2f}x",
                      f"{r['efficiency']:.2f}", f"{r['vs_first']:.3f}",
@@ -448,5 +482,5 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
 
 def write_json(path: str, measurements: Sequence[Measurement]) -> None:
     """Writes every measurement (configuration, each round, median, best, spread), atomically."""
-    atomic_io.write_json(path, [dict(dataclasses.asdict(m), median=m.median, best=m.best,
-                                     spread=m.spread) for m in measurements])
+    atomic_io.write_json(path, [dict(dataclasses.asdict(m), median=m.median, worst=m.worst,
+                                     best=m.best, spread=m.spread) for m in measurements])

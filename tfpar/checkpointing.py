@@ -12,6 +12,7 @@ It is a Keras callback, so resuming behaves the same under every strategy.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from typing import Optional
@@ -74,6 +75,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return int(self.epochs_done.numpy())
 
     def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            # A diverged epoch is never saved: the last finite epoch stays the resume point.
+            logging.warning("Not saving epoch %d: its loss is %s.", epoch + 1, loss)
+            return
         self.epochs_done.assign(epoch + 1)
         path = self._manager.save(checkpoint_number=epoch + 1)
         if self._chief:

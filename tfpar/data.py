@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfpar.errors import DatasetError
 
@@ -93,6 +94,8 @@ def load(name: str, data_dir: Optional[str] = None, *, download: bool = True,
         DatasetError: If the name is unknown, ``data_dir`` is unusable, or the dataset is
             neither prepared nor downloadable.
     """
+    if name in OFFLINE_DATASETS and data_dir is not None:
+        logging.warning("data_dir=%r is not used: dataset %r needs no files.", data_dir, name)
     if name == "digits":
         return _digits()
     if name == "synthetic":
@@ -220,37 +223,45 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
     return dataset.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def epoch_stream(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
-                 seed: int, first_epoch: int = 0) -> tf.data.Dataset:
-    """Batches of every epoch from ``first_epoch`` on, each epoch a fresh permutation.
+def epoch_batches(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
+                  seed: int) -> tuple[tf.data.Dataset, tf.Variable]:
+    """One epoch's batches, in an order that is a pure function of ``(seed, epoch)``.
 
-    Epoch ``e``'s order is a pure function of ``(seed, e)`` (a stateless index shuffle), not
-    of how many iterators were made before, so a run resumed at epoch ``e`` sees exactly the
-    batches an uninterrupted run sees from epoch ``e`` on. Every epoch ends with its own
-    partial batch. The examples are held in memory (the datasets here are small).
+    Iterating the dataset gives the batches of the epoch held by the returned variable at
+    that moment (set it before each epoch, e.g. in a callback's ``on_epoch_begin``), each
+    epoch a fresh permutation from a stateless index shuffle: a run resumed at epoch ``e``
+    sees exactly the batches an uninterrupted run sees from epoch ``e`` on. Every epoch ends
+    with its own partial batch, and the dataset *ends* with the epoch, so however many steps
+    one compiled call runs, no epoch runs a step of the next. The examples are held in memory
+    (the datasets here are small).
 
     Args:
         dataset: Unbatched ``(image, label)`` examples.
         num_examples: Their number.
         global_batch_size: Examples per step over all replicas.
         seed: Shuffle seed.
-        first_epoch: The first epoch to produce.
 
     Returns:
-        An endless dataset of batches.
+        The dataset (its cardinality is the epoch's number of batches) and the epoch
+        variable (int64) it reads.
     """
     images, labels = dataset.batch(num_examples).get_single_element()
     max_index = tf.constant(num_examples - 1, tf.int64)
+    with tf.init_scope():  # A plain variable, outside any strategy's scope.
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
 
-    def epoch(e):
+    def batches(_):
         order = tf.random.experimental.index_shuffle(
-            tf.range(num_examples, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), e]),
-            max_index=max_index)
+            tf.range(num_examples, dtype=tf.int64),
+            seed=tf.stack([tf.cast(seed, tf.int64), epoch.read_value()]), max_index=max_index)
         return (tf.data.Dataset.from_tensor_slices(order).batch(global_batch_size)
                 .map(lambda i: (tf.gather(images, i), tf.gather(labels, i))))
 
-    return (tf.data.Dataset.counter(first_epoch).flat_map(epoch)
-            .prefetch(tf.data.AUTOTUNE))
+    steps = -(-num_examples // global_batch_size)
+    batched = (tf.data.Dataset.from_tensors(0).flat_map(batches)
+               .apply(tf.data.experimental.assert_cardinality(steps))
+               .prefetch(tf.data.AUTOTUNE))
+    return batched, epoch
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset

@@ -101,6 +101,8 @@ class TrainConfig:
         _check(self.optimizer in OPTIMIZERS,
                f"optimizer must be one of {', '.join(OPTIMIZERS)}. Received: {self.optimizer!r}.")
         _check(0 <= self.momentum < 1, f"momentum must be in [0, 1). Received: {self.momentum!r}.")
+        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
+               f"seed must be an integer from 0 to 2**32 - 1. Received: seed={self.seed!r}.")
         _check(self.dtype in DTYPES,
                f"dtype must be one of {', '.join(DTYPES)}. Received: dtype={self.dtype!r}.")
         _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
@@ -256,7 +258,6 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     model = build_compiled_model(config, splits, strategy, lr)
-    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     timer = timing.EpochTimer(splits.num_train)
     loss_guard = StopOnNonFiniteLoss()
     user_callbacks, callbacks = list(callbacks), [timer, loss_guard]
@@ -272,11 +273,13 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         callbacks.append(profiling.ProfileSteps(*config.profile_steps, config.profile_dir))
     callbacks += user_callbacks
     # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
-    # an uninterrupted one.
-    train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size, seed=config.seed,
-                                  first_epoch=initial_epoch)
-    fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch,
-                    steps_per_epoch=steps_per_epoch, callbacks=callbacks,
+    # an uninterrupted one. The dataset ends with each epoch, so every epoch runs exactly its
+    # steps whatever steps_per_execution is.
+    train, data_epoch = data_lib.epoch_batches(splits.train, splits.num_train, batch_size,
+                                              seed=config.seed)
+    callbacks.insert(0, keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
+    fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
                     verbose=config.verbose)
     history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)
