@@ -90,6 +90,17 @@ class ConfigurationsTest(tf.test.TestCase):
             Configuration("allreduce", 4, "lenet", 32, threads, dtype="bfloat16")])
         self.assertEqual(Configuration.from_json(sweep[2].to_json()), sweep[2])
 
+    def test_options_are_swept_for_the_entries_that_take_them(self):
+        sweep = benchmark.configurations(
+            ["mirrored", "allreduce"], [2], ["lenet"], 32, threads_per_device=1,
+            strategy_options={"algorithm": ["collective", "ring", "naive"],
+                              "bytes_per_pack": [0]})
+        self.assertEqual([c.label for c in sweep], [
+            "mirrored", "allreduce(algorithm=collective,bytes_per_pack=0)",
+            "allreduce(algorithm=ring,bytes_per_pack=0)",
+            "allreduce(algorithm=naive,bytes_per_pack=0)"])
+        self.assertEqual(Configuration.from_json(sweep[2].to_json()), sweep[2])
+
 
 def _benchmark_processes():
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
