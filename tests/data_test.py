@@ -113,6 +113,22 @@ class PipelineTest(testing.StrategyTestCase):
         sizes = [len(b) for b in data.pipeline(dataset, 4)]
         self.assertEqual(sizes, [4, 4, 2])
 
+    def test_epoch_stream_permutes_each_epoch_and_resumes_exactly(self):
+        examples = tf.data.Dataset.from_tensor_slices((tf.range(10), tf.range(10)))
+        stream = data.epoch_stream(examples, 10, 4, seed=3)
+        batches = [y.numpy().tolist() for _, y in stream.take(6)]
+        self.assertEqual([len(b) for b in batches], [4, 4, 2, 4, 4, 2])
+        epoch0, epoch1 = sum(batches[:3], []), sum(batches[3:], [])
+        self.assertCountEqual(epoch0, range(10))
+        self.assertCountEqual(epoch1, range(10))
+        self.assertNotEqual(epoch0, epoch1)
+        resumed = data.epoch_stream(examples, 10, 4, seed=3, first_epoch=1)
+        self.assertEqual([y.numpy().tolist() for _, y in resumed.take(3)], batches[3:])
+        # The epoch-ending form gives every epoch the same batches.
+        batches_of, epoch = data.epoch_batches(examples, 10, 4, seed=3)
+        epoch.assign(1)
+        self.assertEqual([y.numpy().tolist() for _, y in batches_of], batches[3:])
+
     def test_epoch_batches_permute_each_epoch_and_resume_exactly(self):
         examples = tf.data.Dataset.from_tensor_slices((tf.range(10), tf.range(10)))
         batches, epoch = data.epoch_batches(examples, 10, 4, seed=3)

@@ -223,17 +223,55 @@ def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool 
     return dataset.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def _epoch_of_batches(images: tf.Tensor, labels: tf.Tensor, global_batch_size: int, seed: int,
+                      epoch: tf.Tensor) -> tf.data.Dataset:
+    """The batches of one epoch: a stateless index shuffle of ``(seed, epoch)``, then batched."""
+    num_examples = images.shape[0]
+    order = tf.random.experimental.index_shuffle(
+        tf.range(num_examples, dtype=tf.int64),
+        seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)]),
+        max_index=tf.constant(num_examples - 1, tf.int64))
+    return (tf.data.Dataset.from_tensor_slices(order).batch(global_batch_size)
+            .map(lambda i: (tf.gather(images, i), tf.gather(labels, i))))
+
+
+def epoch_stream(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
+                 seed: int, first_epoch: int = 0) -> tf.data.Dataset:
+    """Batches of every epoch from ``first_epoch`` on, each epoch a fresh permutation.
+
+    Epoch ``e``'s order is a pure function of ``(seed, e)`` (a stateless index shuffle), not
+    of how many iterators were made before, so a run resumed at epoch ``e`` sees exactly the
+    batches an uninterrupted run sees from epoch ``e`` on. Every epoch ends with its own
+    partial batch. The stream never ends: train on it with ``steps_per_epoch`` a multiple of
+    ``steps_per_execution`` (else use :func:`epoch_batches`). The examples are held in memory
+    (the datasets here are small).
+
+    Args:
+        dataset: Unbatched ``(image, label)`` examples.
+        num_examples: Their number.
+        global_batch_size: Examples per step over all replicas.
+        seed: Shuffle seed.
+        first_epoch: The first epoch to produce.
+
+    Returns:
+        An endless dataset of batches.
+    """
+    images, labels = dataset.batch(num_examples).get_single_element()
+    return (tf.data.Dataset.counter(first_epoch)
+            .flat_map(lambda e: _epoch_of_batches(images, labels, global_batch_size, seed, e))
+            .prefetch(tf.data.AUTOTUNE))
+
+
 def epoch_batches(dataset: tf.data.Dataset, num_examples: int, global_batch_size: int, *,
                   seed: int) -> tuple[tf.data.Dataset, tf.Variable]:
-    """One epoch's batches, in an order that is a pure function of ``(seed, epoch)``.
+    """One epoch's batches, in the order :func:`epoch_stream` gives that epoch.
 
     Iterating the dataset gives the batches of the epoch held by the returned variable at
-    that moment (set it before each epoch, e.g. in a callback's ``on_epoch_begin``), each
-    epoch a fresh permutation from a stateless index shuffle: a run resumed at epoch ``e``
-    sees exactly the batches an uninterrupted run sees from epoch ``e`` on. Every epoch ends
-    with its own partial batch, and the dataset *ends* with the epoch, so however many steps
-    one compiled call runs, no epoch runs a step of the next. The examples are held in memory
-    (the datasets here are small).
+    that moment (set it before each epoch, e.g. in a callback's ``on_epoch_begin``). The
+    dataset *ends* with the epoch, so however many steps one compiled call runs, no epoch
+    runs a step of the next. The price: Keras makes a new iterator every epoch (measured on
+    ``digits``, 23 steps an epoch under ``mirrored`` on 2 devices: 0.67 s an epoch against
+    0.34 s on the endless stream), so prefer :func:`epoch_stream` where it is exact.
 
     Args:
         dataset: Unbatched ``(image, label)`` examples.
@@ -246,19 +284,12 @@ def epoch_batches(dataset: tf.data.Dataset, num_examples: int, global_batch_size
         variable (int64) it reads.
     """
     images, labels = dataset.batch(num_examples).get_single_element()
-    max_index = tf.constant(num_examples - 1, tf.int64)
     with tf.init_scope():  # A plain variable, outside any strategy's scope.
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
-
-    def batches(_):
-        order = tf.random.experimental.index_shuffle(
-            tf.range(num_examples, dtype=tf.int64),
-            seed=tf.stack([tf.cast(seed, tf.int64), epoch.read_value()]), max_index=max_index)
-        return (tf.data.Dataset.from_tensor_slices(order).batch(global_batch_size)
-                .map(lambda i: (tf.gather(images, i), tf.gather(labels, i))))
-
     steps = -(-num_examples // global_batch_size)
-    batched = (tf.data.Dataset.from_tensors(0).flat_map(batches)
+    batched = (tf.data.Dataset.from_tensors(0)
+               .flat_map(lambda _: _epoch_of_batches(images, labels, global_batch_size, seed,
+                                                     epoch.read_value()))
                .apply(tf.data.experimental.assert_cardinality(steps))
                .prefetch(tf.data.AUTOTUNE))
     return batched, epoch

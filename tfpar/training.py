@@ -273,14 +273,21 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         callbacks.append(profiling.ProfileSteps(*config.profile_steps, config.profile_dir))
     callbacks += user_callbacks
     # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
-    # an uninterrupted one. The dataset ends with each epoch, so every epoch runs exactly its
-    # steps whatever steps_per_execution is.
-    train, data_epoch = data_lib.epoch_batches(splits.train, splits.num_train, batch_size,
-                                              seed=config.seed)
-    callbacks.insert(0, keras.callbacks.LambdaCallback(
-        on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
+    # an uninterrupted one. Every epoch must run exactly its steps: one endless stream does
+    # when steps_per_execution divides the epoch (and is twice as fast on short epochs, as
+    # Keras keeps its iterator); otherwise the data must end with each epoch.
     fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
                     verbose=config.verbose)
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
+    if steps_per_epoch % config.steps_per_execution == 0:
+        train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size,
+                                      seed=config.seed, first_epoch=initial_epoch)
+        fit_args["steps_per_epoch"] = steps_per_epoch
+    else:
+        train, data_epoch = data_lib.epoch_batches(splits.train, splits.num_train, batch_size,
+                                                  seed=config.seed)
+        callbacks.insert(0, keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
     history = model.fit(train, **fit_args)
     test = data_lib.pipeline(splits.test, batch_size)
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
