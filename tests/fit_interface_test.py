@@ -67,10 +67,10 @@ class Subclassed(keras.Model):
         return self.out(self.hidden(self.flatten(x)))
 
 
-def subclassed():
+def subclassed(clipnorm=None):
     model = Subclassed()
     model(IMAGES[:1])  # Creates the variables, as a user of a subclassed model does.
-    model.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=0.5),
+    model.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=clipnorm),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
@@ -91,13 +91,13 @@ def dataset(name: str, uneven: bool) -> tf.data.Dataset:
 
 class EveryEntryTest(testing.StrategyTestCase):
 
-    def check(self, strategy_name, model_name):
+    def check(self, strategy_name, model_name, build=None):
         strategy = self.strategy(strategy_name, 2)
         # Keras's own step (mirrored, central_storage) averages the replicas' mean losses, so
         # only even batches give the single-device step; tfpar's all-reduce step is exact on
         # any split.
         uneven = strategy_name == "allreduce"
-        build = MODELS[model_name][0]
+        build = build or MODELS[model_name][0]
         data = dataset(model_name, uneven)
         self.assertMatchesSingleDevice(build, data, strategy, rtol=1e-5, atol=1e-5)
         # evaluate and predict in parallel equal one device, after the same training. They
@@ -132,11 +132,11 @@ class EveryEntryTest(testing.StrategyTestCase):
         self.check(strategy_name, "two_outputs")
 
     @testing.for_each_strategy(num_devices=(2,))
-    def test_subclassed_with_regularizer_and_clipping(self, strategy_name, num_devices):
-        if strategy_name != "allreduce":
-            # Keras's step clips each replica's partial gradient (allreduce_strategy_test).
-            self.skipTest("global_clipnorm is exact only under the all-reduce step")
-        self.check(strategy_name, "subclassed")
+    def test_subclassed_with_regularizer(self, strategy_name, num_devices):
+        # Clipping too where it is exact: Keras's step clips each replica's partial gradient
+        # (allreduce_strategy_test shows it).
+        clip = 0.5 if strategy_name == "allreduce" else None
+        self.check(strategy_name, "subclassed", lambda: subclassed(clip))
 
 
 class AllReduceFitFeaturesTest(testing.StrategyTestCase):

@@ -213,7 +213,8 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
         present.extend(i for i, g in enumerate(grads) if g is not None)
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
-        # mean. No public API updates the loss Keras logs; fit reads it from this tracker.
+        # mean. No public API updates the loss Keras logs; fit reads and resets this tracker
+        # itself (Keras 3.0-3.15), and the per-step loss tests fail without this update.
         model._loss_tracker.update_state(mean, sample_weight=count)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return [grads[i] for i in present]
@@ -376,7 +377,5 @@ class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirr
                  step_options: StepOptions = StepOptions()):
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options)
-        # Only the collective algorithm crosses workers; the count of local replicas is known
-        # only after the cluster starts, so the check uses what a worker has.
         step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
         self.step_options = step_options

@@ -373,7 +373,7 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
     rows = []
     for m in measurements:
         base = _smallest(m, measurements)
-        speedup = paired_ratio(m, base) * len(base.devices)
+        speedup = paired_ratio(m, base)  # Over the smallest device count (itself: 1.00x).
         first = next(o for o in measurements if o.strategy != BASELINE
                      and (len(o.devices), o.model) == (len(m.devices), m.model)) \
             if m.strategy != BASELINE else m
@@ -388,7 +388,8 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
                      "best_images_per_second": m.best, "spread": m.spread,
                      "steal": statistics.median(m.steal_fraction) if m.steal_fraction else 0.0, "gflops_per_second": m.gflops_per_second,
                      "all_reduce_share": m.all_reduce_share,
-                     "speedup": speedup, "efficiency": speedup / len(m.devices),
+                     "speedup": speedup,
+                     "efficiency": speedup * len(base.devices) / len(m.devices),
                      "vs_first": paired_ratio(m, first),
                      "vs_keras": paired_ratio(m, keras_run) if keras_run else None})
     return rows
