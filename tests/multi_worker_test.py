@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from unittest import mock
@@ -17,6 +18,7 @@ from tfpar import testing
 from tfpar.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import multi_worker_worker  # noqa: E402  (the worker program, importable for its model)
 
@@ -91,6 +93,25 @@ class LauncherTest(tf.test.TestCase):
     def test_empty_command(self):
         with self.assertRaisesRegex(launcher.ConfigError, "Give the command to run after '--'"):
             launcher.launch([], 2)
+
+    def test_a_program_that_cannot_run(self):
+        with self.assertRaisesRegex(launcher.ConfigError, r"Cannot run '/nonexistent': No such "
+                                                          r"file or directory\. Give a program"):
+            launcher.launch(["/nonexistent", "x"], 2)
+
+    def test_a_host_that_is_not_this_machine(self):
+        with self.assertRaisesRegex(launcher.ConfigError, r"Cannot open a port on host "
+                                                          r"'10\.255\.255\.1' .*give one of its "
+                                                          r"addresses, e\.g\. 127\.0\.0\.1"):
+            launcher.launch([sys.executable, "-c", "pass"], 2, host="10.255.255.1")
+
+    def test_the_script_answers_bad_input_with_one_line(self):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--", "/nonexistent"],
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 2)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertIn("Error: Cannot run '/nonexistent'", result.stderr)
 
 
 class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):

@@ -29,9 +29,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
             sockets.append(s)
+            s.bind((host, 0))
         return [s.getsockname()[1] for s in sockets]
+    except (OSError, OverflowError) as e:
+        raise ConfigError(f"Cannot open a port on host {host!r} ({getattr(e, 'strerror', None) or e}"
+                          "): the workers run on this machine, so give one of its addresses, "
+                          "e.g. 127.0.0.1.") from None
     finally:
         for s in sockets:
             s.close()
@@ -84,7 +88,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         130 after Ctrl-C.
 
     Raises:
-        ConfigError: If the command is empty or ``num_workers`` < 1.
+        ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, or
+            ``host`` is not an address of this machine.
     """
     if not command:
         raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
@@ -96,8 +101,13 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     processes, threads = [], []
     for rank, config in enumerate(tf_configs(num_workers, host)):
         env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        except OSError as e:
+            _stop(processes)
+            raise ConfigError(f"Cannot run {command[0]!r}: {e.strerror}. Give a program on "
+                              "PATH or its path, e.g. -- python scripts/train.py.") from None
         processes.append(p)
         t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
                              daemon=True)
