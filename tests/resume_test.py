@@ -15,6 +15,7 @@ from tfpar import checkpointing
 from tfpar import data
 from tfpar import testing
 from tfpar import training
+from tfpar.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +74,32 @@ class ResumeTest(SameStateTestCase):
         # The last finite epoch stays the resume point.
         self.assertEqual(tf.train.latest_checkpoint(directory), finite)
         self.assertEqual(checkpoint.restore(), 1)
+
+
+    def test_state_made_with_something_else_is_refused(self):
+        model_dir = self.get_temp_dir()
+        config = training.TrainConfig(strategy="mirrored", dataset="synthetic", epochs=1,
+                                      batch_size=48, verbose=0, model_dir=model_dir)
+        training.train_on_devices(config, 1, synthetic_splits())
+        with self.assertRaisesRegex(ConfigError, r"was made with optimizer='sgd' \(now "
+                                                 r"'adam'\)\. Start over \(resume=False\), or "
+                                                 r"use another model_dir"):
+            training.train_on_devices(dataclasses.replace(config, optimizer="adam", epochs=2),
+                                      1, synthetic_splits())
+        # Starting over is allowed.
+        training.train_on_devices(dataclasses.replace(config, optimizer="adam", resume=False),
+                                  1, synthetic_splits())
+
+    def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
+        model_dir = self.get_temp_dir()
+        with open(os.path.join(model_dir, "checkpoint"), "wb") as f:
+            f.write(b"\xff\xfe garbage \x00")
+        strategy = self.strategy("mirrored", 1)
+        with strategy.scope():
+            model = testing.tiny_model()
+        with self.assertRaisesRegex(ConfigError, r"checkpoint index .*checkpoint is not "
+                                                 r"readable"):
+            checkpointing.EpochCheckpoint(model_dir, model, strategy)
 
 
 def synthetic_splits():

@@ -12,16 +12,32 @@ It is a Keras callback, so resuming behaves the same under every strategy.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import shutil
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import keras
 import tensorflow as tf
 from absl import logging
 
+from tfpar import atomic_io
 from tfpar import cluster
+from tfpar.errors import ConfigError
+
+
+@contextlib.contextmanager
+def _readable_index(directory: str) -> Iterator[None]:
+    """Turns TensorFlow's failures to parse a damaged checkpoint index into one clear error."""
+    try:
+        yield
+    except (UnicodeDecodeError, ValueError, tf.errors.OpError) as e:
+        raise ConfigError(
+            f"The checkpoint index {os.path.join(directory, 'checkpoint')} is not readable "
+            f"({type(e).__name__}). Start over (resume=False), or use another model_dir."
+        ) from None
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
@@ -32,12 +48,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
         model: The model (built, compiled, optimizer built) whose state is saved.
         strategy: The strategy it was built under.
         max_to_keep: Number of checkpoints kept.
+        made_with: What the state is made with (model, dataset, optimizer, ...), saved beside
+            it as ``made_with.json``: a restore into a run made with something else is refused
+            with the difference, instead of a shape error or a silent resume.
     """
 
+    MADE_WITH_FILE = "made_with.json"
+
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
-                 max_to_keep: int = 2):
+                 max_to_keep: int = 2, made_with: Optional[dict[str, Any]] = None):
         super().__init__()
         self.directory = directory
+        self.made_with = json.loads(json.dumps(made_with or {}))  # As it reads back.
+        self._made_with_written = False
         self._chief = cluster.is_chief(strategy)
         resolver = getattr(strategy, "cluster_resolver", None)
         self._write_dir = directory if self._chief else os.path.join(
@@ -54,23 +77,47 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._checkpoint = tf.train.Checkpoint(model_variables=list(model.variables),
                                                optimizer=model.optimizer,
                                                epochs_done=self.epochs_done)
-        self._manager = tf.train.CheckpointManager(self._checkpoint, self._write_dir,
-                                                   max_to_keep=max_to_keep)
+        with _readable_index(self._write_dir):
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self._write_dir,
+                                                       max_to_keep=max_to_keep)
 
     @property
     def latest(self) -> Optional[str]:
-        """Path prefix of the latest complete checkpoint in ``directory``, if any."""
-        return tf.train.latest_checkpoint(self.directory)
+        """Path prefix of the latest complete checkpoint in ``directory``, if any.
+
+        Raises:
+            ConfigError: If the checkpoint index file is unreadable.
+        """
+        with _readable_index(self.directory):
+            return tf.train.latest_checkpoint(self.directory)
+
+    def _check_made_with(self) -> None:
+        path = os.path.join(self.directory, self.MADE_WITH_FILE)
+        if not self.made_with or not os.path.exists(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        differ = [f"{key}={saved.get(key)!r} (now {value!r})"
+                  for key, value in self.made_with.items() if saved.get(key) != value]
+        if differ:
+            raise ConfigError(f"The training state in {self.directory} was made with "
+                              f"{', '.join(differ)}. Start over (resume=False), or use another "
+                              "model_dir.")
 
     def restore(self) -> int:
         """Restores the latest checkpoint of ``directory``; returns the epochs it had finished.
 
         Returns:
             The number of finished epochs (0 when there is no checkpoint).
+
+        Raises:
+            ConfigError: If the state was made with something else (see ``made_with``) or
+                the index is unreadable.
         """
         latest = self.latest
         if latest is None:
             return 0
+        self._check_made_with()
         self._checkpoint.restore(latest).assert_existing_objects_matched()
         return int(self.epochs_done.numpy())
 
@@ -82,6 +129,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
             return
         self.epochs_done.assign(epoch + 1)
         path = self._manager.save(checkpoint_number=epoch + 1)
+        if self._chief and self.made_with and not self._made_with_written:
+            atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
+                                 self.made_with)
+            self._made_with_written = True
         if self._chief:
             logging.info("Saved training state after epoch %d to %s", epoch + 1, path)
         else:

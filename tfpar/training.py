@@ -315,7 +315,9 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
                       ) -> checkpointing.EpochCheckpoint:
     chosen = strategies.selection(strategy)
     directory = os.path.join(config.model_dir, f"{chosen.name}_{len(chosen.devices)}_devices")
-    checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
+    made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
+                 "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
+    checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy, made_with=made_with)
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
