@@ -49,6 +49,18 @@ class AtomicIoTest(tf.test.TestCase):
         with self.assertRaisesRegex(ConfigError, "is not writable"):
             atomic_io.check_writable("/proc/r.json")
 
+    def test_check_writable_dir(self):
+        folder = os.path.join(self.get_temp_dir(), "new", "run")
+        atomic_io.check_writable_dir(folder, "model_dir")
+        self.assertEqual(os.listdir(folder), [])  # Created, and no probe left behind.
+        a_file = os.path.join(self.get_temp_dir(), "a_file")
+        open(a_file, "w").close()
+        with self.assertRaisesRegex(ConfigError, r"model_dir '.*a_file' is a file; give a "
+                                                 r"folder"):
+            atomic_io.check_writable_dir(a_file, "model_dir")
+        with self.assertRaisesRegex(ConfigError, r"profile_dir '/proc/x' cannot be written"):
+            atomic_io.check_writable_dir("/proc/x", "profile_dir")
+
     def test_non_finite_numbers_are_written_as_null(self):
         path = os.path.join(self.get_temp_dir(), "r.json")
         atomic_io.write_json(path, {"loss": [1.5, float("nan"), float("inf")], "n": 2})

@@ -7,13 +7,16 @@ import os
 import re
 import subprocess
 import sys
+from unittest import mock
 
 import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
 
+from tfpar import strategies
 from tfpar.cli import common
 from tfpar.cli import train as train_cli
+from tfpar.errors import ClusterError
 
 FLAGS = flags.FLAGS
 
@@ -64,6 +67,10 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          r"--jit_compile cannot run on 2 CPU replicas"),
         ("flag_for_other_strategy", ["--allreduce=ring"], r"--allreduce does not apply to "
                                                           r"strategy 'mirrored'"),
+        ("negative_seed", ["--seed=-1"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
+        ("huge_seed", [f"--seed={2**32}"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
+        ("model_dir_is_a_file", [f"--model_dir={__file__}"], r"model_dir .* is a file; give a "
+                                                              r"folder"),
     )
     def test_bad_input_exits_with_one_clear_line(self, flags, message):
         # In-process (a subprocess per case would cost a TensorFlow start each); the
@@ -78,6 +85,11 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
             FLAGS.unparse_flags()
         self.assertEqual(exit_.exception.code, 2)
         self.assertRegex(stderr.getvalue(), "^Error: .*" + message)
+
+    def test_malformed_tf_config_under_mirrored_is_one_line(self):
+        with mock.patch.dict(os.environ, {"TF_CONFIG": "{bad"}):
+            with self.assertRaisesRegex(ClusterError, r"TF_CONFIG is not valid JSON"):
+                strategies.get("mirrored", 1)
 
     def test_user_error_has_no_traceback(self):
         result = train("--strategy=mirroed")

@@ -42,6 +42,29 @@ def check_writable(path: str) -> None:
                           f"({e.strerror}). Choose a folder you can write to.") from None
 
 
+def check_writable_dir(path: str, what: str) -> None:
+    """Creates folder ``path`` if needed and raises unless a file can be written in it.
+
+    Args:
+        path: The folder.
+        what: What it is for, for the message (e.g. ``"model_dir"``).
+
+    Raises:
+        ConfigError: If ``path`` is a file, or the folder cannot be created or written.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} is a file; give a folder (it is created if "
+                          "missing).")
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"{what} {path!r} cannot be written ({e.strerror}). Choose a folder "
+                          "you can write to.") from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yields a temporary path to write; renames it over ``path`` if the block succeeds.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from importlib import metadata
 from typing import Any, Callable, Optional
 
@@ -222,6 +223,12 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
         raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "
                             f"Received: {device_set}. Use 'mirrored' or 'allreduce' for more.")
+    if os.environ.get("TF_CONFIG"):
+        # TensorFlow's strategies (mirrored ones too) parse TF_CONFIG and fail with a JSON
+        # traceback on a malformed one: check it first, whatever the entry.
+        from tfpar import cluster as cluster_lib  # Light; kept next to its one use here.
+
+        cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
     keras_fixes.install()
     strategy = chosen.factory(device_set, **options)
     if not isinstance(strategy, tf.distribute.Strategy):

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfpar import atomic_io
 from tfpar import checkpointing
 from tfpar import cluster
 from tfpar import data as data_lib
@@ -360,6 +361,10 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     """
     if not device_sets:
         raise ConfigError("Give at least one device set, e.g. [1, 2].")
+    for folder, what in ((config.model_dir, "model_dir"), (config.profile_steps and
+                                                         config.profile_dir, "profile_dir")):
+        if folder:  # Checked before any work, not when the first epoch ends.
+            atomic_io.check_writable_dir(folder, what)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
     multi_worker_strategy = None
     if strategies.entry(config.strategy).multi_process:
