@@ -86,6 +86,28 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(exit_.exception.code, 2)
         self.assertRegex(stderr.getvalue(), "^Error: .*" + message)
 
+    def test_results_are_printed_when_the_output_cannot_be_written_at_the_end(self):
+        output = os.path.join(self.get_temp_dir(), "r.json")
+        argv = ["train.py", "--dataset=synthetic", "--epochs=1", "--verbose=0",
+                "--batch_size=256", f"--output={output}"]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        full = OSError(28, "No space left on device")
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+                    mock.patch.object(train_cli.atomic_io, "write_json", side_effect=full), \
+                    self.assertRaises(SystemExit) as exit_:
+                common.exit_cleanly(train_cli.main)(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        self.assertEqual(exit_.exception.code, 2)
+        self.assertRegex(stderr.getvalue(), r"^Error: Could not write --output=.*r\.json \(No "
+                                            r"space left on device\); the results are printed")
+        printed = json.loads(stdout.getvalue()[stdout.getvalue().index("{"):
+                                               stdout.getvalue().rindex("}") + 1])
+        self.assertEqual(printed["results"][0]["dataset"], "synthetic")
+        self.assertFalse(os.path.exists(output))
+
     def test_malformed_tf_config_under_mirrored_is_one_line(self):
         with mock.patch.dict(os.environ, {"TF_CONFIG": "{bad"}):
             with self.assertRaisesRegex(ClusterError, r"TF_CONFIG is not valid JSON"):

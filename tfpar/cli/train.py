@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from absl import app
 from absl import flags
@@ -20,6 +21,7 @@ from tfpar import report
 from tfpar import strategies
 from tfpar import training
 from tfpar.cli import common
+from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 
 FLAGS = flags.FLAGS
@@ -143,8 +145,15 @@ def main(argv: list[str]) -> None:
 
 def _write_results(config: training.TrainConfig, results: list, what: str) -> None:
     if FLAGS.output and results and results[0].is_chief:
-        atomic_io.write_json(FLAGS.output, {"config": dataclasses.asdict(config),
-                                            "results": [r.to_dict() for r in results]})
+        payload = {"config": dataclasses.asdict(config),
+                   "results": [r.to_dict() for r in results]}
+        try:
+            atomic_io.write_json(FLAGS.output, payload)
+        except OSError as e:
+            # The run is over: its figures must not be lost with the file.
+            print(json.dumps(atomic_io.json_safe(payload), indent=2, sort_keys=True))
+            raise ConfigError(f"Could not write --output={FLAGS.output} ({e.strerror}); the "
+                              "results are printed above.") from None
         print(f"{what} written to {FLAGS.output}")
 
 
