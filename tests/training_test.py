@@ -49,6 +49,21 @@ class OptionsTest(testing.StrategyTestCase):
                                 steps_per_execution=2), 2, splits(), callbacks=[record])
         self.assertEqual(iterations, [3, 6])
 
+    def test_logdir_writes_tensorboard_scalars_per_device_set(self):
+        logdir = self.get_temp_dir()
+        training.train_on_devices(dataclasses.replace(CONFIG, epochs=2, logdir=logdir), 2,
+                                  splits())
+        events = glob.glob(os.path.join(logdir, "mirrored_2_devices", "train", "events.*"))
+        self.assertLen(events, 1)
+        scalars = {}
+        for event in tf.compat.v1.train.summary_iterator(events[0]):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    float(tf.make_ndarray(value.tensor)))
+        self.assertLen(scalars["epoch_loss"], 2)
+        self.assertLen(scalars["epoch_accuracy"], 2)
+        self.assertTrue(all(math.isfinite(v) for v in scalars["epoch_loss"]))
+
     @parameterized.parameters(-1, 2**32, 1.5)
     def test_seed_out_of_range(self, seed):
         with self.assertRaisesRegex(ConfigError, r"seed must be an integer from 0 to 2\*\*32 - 1\. "

@@ -67,6 +67,9 @@ class TrainConfig:
         steps_per_execution: Training steps per compiled call.
         profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
         profile_dir: Where the trace goes.
+        logdir: Where TensorBoard logs go, one run per device set
+            (``{logdir}/{strategy}_{n}_devices``): Keras's scalars (loss, accuracy, learning
+            rate) per epoch. Only the chief writes. ``None``: no logs.
     """
 
     strategy: str = "mirrored"
@@ -91,6 +94,7 @@ class TrainConfig:
     steps_per_execution: int = 1
     profile_steps: Optional[tuple[int, int]] = None
     profile_dir: str = "tfpar_profile"
+    logdir: Optional[str] = None
 
     def __post_init__(self):
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
@@ -270,6 +274,11 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         checkpoint = _epoch_checkpoint(config, model, strategy)
         initial_epoch = checkpoint.restore() if config.resume else 0
         callbacks.append(checkpoint)
+    if config.logdir and cluster.is_chief(strategy):
+        chosen = strategies.selection(strategy)
+        callbacks.append(keras.callbacks.TensorBoard(
+            os.path.join(config.logdir, f"{chosen.name}_{len(chosen.devices)}_devices"),
+            write_graph=False))
     if config.profile_steps:
         callbacks.append(profiling.ProfileSteps(*config.profile_steps, config.profile_dir))
     callbacks += user_callbacks
@@ -361,8 +370,8 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     """
     if not device_sets:
         raise ConfigError("Give at least one device set, e.g. [1, 2].")
-    for folder, what in ((config.model_dir, "model_dir"), (config.profile_steps and
-                                                         config.profile_dir, "profile_dir")):
+    for folder, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir"),
+                         (config.profile_steps and config.profile_dir, "profile_dir")):
         if folder:  # Checked before any work, not when the first epoch ends.
             atomic_io.check_writable_dir(folder, what)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]

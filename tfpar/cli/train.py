@@ -66,6 +66,9 @@ flags.DEFINE_bool("jit_compile", False,
 flags.DEFINE_list("profile_steps", None,
                   "first,last steps to trace for TensorBoard's profiler, e.g. 10,15.")
 flags.DEFINE_string("profile_dir", "tfpar_profile", "Where --profile_steps writes the trace.")
+flags.DEFINE_string("logdir", None,
+                    "Write TensorBoard logs here, one run per device set "
+                    "(DIR/{strategy}_{n}_devices); view with `tensorboard --logdir=DIR`.")
 flags.DEFINE_list("split_weights", None,
                   "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
                   "device (an even split if unset).")
@@ -117,7 +120,7 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         profile_steps=(tuple(common.parse_count("--profile_steps", n)
                              for n in FLAGS.profile_steps) if FLAGS.profile_steps else None),
-        profile_dir=FLAGS.profile_dir)
+        profile_dir=FLAGS.profile_dir, logdir=FLAGS.logdir)
     return config, device_sets
 
 
