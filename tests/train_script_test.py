@@ -13,7 +13,9 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
 
+from tfpar import report
 from tfpar import strategies
+from tfpar import training
 from tfpar.cli import common
 from tfpar.cli import train as train_cli
 from tfpar.errors import ClusterError
@@ -107,6 +109,33 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
                                                stdout.getvalue().rindex("}") + 1])
         self.assertEqual(printed["results"][0]["dataset"], "synthetic")
         self.assertFalse(os.path.exists(output))
+
+    def test_plot_of_the_curves(self):
+        folder = self.get_temp_dir()
+        output, plot = os.path.join(folder, "r.json"), os.path.join(folder, "curves.png")
+        argv = ["train.py", "--dataset=synthetic", "--epochs=2", "--verbose=0",
+                "--batch_size=256", "--num_devices=1,2", f"--output={output}", f"--plot={plot}"]
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stdout(io.StringIO()):
+                train_cli.main(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        with open(plot, "rb") as f:
+            header = f.read(24)
+        self.assertEqual(header[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertEqual((int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")),
+                         (1300, 400))
+        with open(output, encoding="utf-8") as f:
+            results = [training.RunResult(**r) for r in json.load(f)["results"]]
+        figure = report.curves_figure(results)
+        accuracy, loss, seconds = figure.axes
+        for line, r in zip(accuracy.lines, results):
+            self.assertAllClose(line.get_ydata(), r.history["test_accuracy"])
+        for line, r in zip(loss.lines, results):
+            self.assertAllClose(line.get_ydata(), r.history["loss"])
+        self.assertAllClose([b.get_height() for b in seconds.patches],
+                            [r.sec_per_epoch for r in results])
 
     def test_malformed_tf_config_under_mirrored_is_one_line(self):
         with mock.patch.dict(os.environ, {"TF_CONFIG": "{bad"}):

@@ -63,6 +63,9 @@ class OptionsTest(testing.StrategyTestCase):
         self.assertLen(scalars["epoch_loss"], 2)
         self.assertLen(scalars["epoch_accuracy"], 2)
         self.assertTrue(all(math.isfinite(v) for v in scalars["epoch_loss"]))
+        for tfpar_scalar in ("epoch_test_accuracy", "epoch_epoch_seconds",
+                             "epoch_images_per_second"):
+            self.assertLen(scalars[tfpar_scalar], 2, msg=tfpar_scalar)
 
     @parameterized.parameters(-1, 2**32, 1.5)
     def test_seed_out_of_range(self, seed):

@@ -98,7 +98,8 @@ class _Trainer:
     def train(self, steps: int, callbacks: Sequence[keras.callbacks.Callback] = ()
               ) -> tuple[float, int]:
         """Trains ``steps`` steps; returns seconds and steps from the first call's end on."""
-        self.model.fit(self.dataset, steps_per_epoch=steps, callbacks=[self.timer, *callbacks],
+        self.model.fit(self.dataset, steps_per_epoch=steps, shuffle=False,
+                       callbacks=[self.timer, *callbacks],
                        verbose=0)
         (first, first_step), (last, last_step) = self.timer.ends[0], self.timer.ends[-1]
         return last - first, last_step - first_step

@@ -68,8 +68,9 @@ class TrainConfig:
         profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
         profile_dir: Where the trace goes.
         logdir: Where TensorBoard logs go, one run per device set
-            (``{logdir}/{strategy}_{n}_devices``): Keras's scalars (loss, accuracy, learning
-            rate) per epoch. Only the chief writes. ``None``: no logs.
+            (``{logdir}/{strategy}_{n}_devices``): per epoch, Keras's scalars (loss, accuracy,
+            learning rate) and tfpar's (test accuracy, epoch seconds, images/s). Only the
+            chief writes. ``None``: no logs.
     """
 
     strategy: str = "mirrored"
@@ -269,6 +270,9 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     if not config.sync_batchnorm and model.non_trainable_variables:
         # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
         callbacks.append(replica_statistics.AverageAtEpochEnd(strategy))
+    # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+    test = data_lib.pipeline(splits.test, batch_size)
+    callbacks.append(evaluation.TestAccuracy(test, strategy))
     initial_epoch = 0
     if config.model_dir:
         checkpoint = _epoch_checkpoint(config, model, strategy)
@@ -286,8 +290,9 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     # an uninterrupted one. Every epoch must run exactly its steps: one endless stream does
     # when steps_per_execution divides the epoch (and is twice as fast on short epochs, as
     # Keras keeps its iterator); otherwise the data must end with each epoch.
+    # shuffle=False: the order is the data's own (Keras would warn that it ignores shuffle).
     fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
-                    verbose=config.verbose)
+                    verbose=config.verbose, shuffle=False)
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     if steps_per_epoch % config.steps_per_execution == 0:
         train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size,
@@ -299,13 +304,13 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         callbacks.insert(0, keras.callbacks.LambdaCallback(
             on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
     history = model.fit(train, **fit_args)
-    test = data_lib.pipeline(splits.test, batch_size)
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
         strategy=name, devices=replica_devices(strategy, device_set),
         model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
-        test_accuracy=evaluation.accuracy(model, test, strategy),
+        test_accuracy=(history.history["test_accuracy"][-1] if timed
+                       else evaluation.accuracy(model, test, strategy)),
         sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
         first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
         images_per_second=timer.steady_images_per_second if timed else math.nan,

@@ -66,6 +66,9 @@ flags.DEFINE_bool("jit_compile", False,
 flags.DEFINE_list("profile_steps", None,
                   "first,last steps to trace for TensorBoard's profiler, e.g. 10,15.")
 flags.DEFINE_string("profile_dir", "tfpar_profile", "Where --profile_steps writes the trace.")
+flags.DEFINE_string("plot", None,
+                    "Draw test accuracy and training loss per epoch for each device set, and "
+                    "sec/epoch with the speedup, to this PNG file (needs matplotlib).")
 flags.DEFINE_string("logdir", None,
                     "Write TensorBoard logs here, one run per device set "
                     "(DIR/{strategy}_{n}_devices); view with `tensorboard --logdir=DIR`.")
@@ -135,6 +138,9 @@ def main(argv: list[str]) -> None:
     strategies.entry(config.strategy)  # Fail on a bad name before any slow work.
     if FLAGS.output:
         atomic_io.check_writable(FLAGS.output)
+    if FLAGS.plot:
+        report.check_plotting()
+        atomic_io.check_writable(FLAGS.plot)
     try:
         results = training.train_each(
             config, device_sets, on_result=lambda r: print(report.summary_line(r), flush=True))
@@ -144,6 +150,9 @@ def main(argv: list[str]) -> None:
     print()
     print(report.table(results))
     _write_results(config, results, "Results")
+    if FLAGS.plot and results[0].is_chief:
+        report.write_curves(FLAGS.plot, results)
+        print(f"Plot written to {FLAGS.plot}")
 
 
 def _write_results(config: training.TrainConfig, results: list, what: str) -> None:
