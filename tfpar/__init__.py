@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 import importlib
 
 _SUBMODULES = ("allreduce", "allreduce_strategy", "atomic_io", "benchmark", "checkpointing",
-               "cluster", "data", "devices", "errors", "evaluation", "flops", "keras_fixes",
+               "cluster", "data", "devices", "env", "errors", "evaluation", "flops", "keras_fixes",
                "launcher", "loss_guard", "models", "profiling", "replica_statistics", "report",
                "strategies", "testing", "timing", "training")
 

@@ -1,0 +1,104 @@
+"""What tfpar sees on this machine, for users and bug reports (``tfpar-env``, ``python -m tfpar.env``).
+
+Versions (Python, tfpar, TensorFlow, Keras, the CUDA/cuDNN TensorFlow was built with), the
+physical devices and the logical CPU split, the threads tfpar gives each logical CPU device,
+the strategy registry with every entry's options, the cluster ``multi_worker`` would join, and
+the Keras fixes tfpar installs. Nothing here initialises TensorFlow's runtime, so the CPU can
+still be split afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cluster() -> dict[str, Any]:
+    from tfpar import cluster
+    from tfpar.errors import TfparError
+
+    if os.environ.get("TF_CONFIG"):
+        try:
+            spec, task_type, task_index = cluster.parse_tf_config(os.environ["TF_CONFIG"])
+        except TfparError as e:
+            return {"source": "TF_CONFIG", "error": str(e)}
+        return {"source": "TF_CONFIG", "cluster": spec, "task": f"{task_type}:{task_index}"}
+    if os.environ.get("SLURM_JOB_ID"):
+        return {"source": "SLURM", "job": os.environ["SLURM_JOB_ID"],
+                "tasks": os.environ.get("SLURM_NTASKS", "?")}
+    return {"source": "none", "note": "multi_worker would run as a single worker"}
+
+
+def collect() -> dict[str, Any]:
+    """Returns everything :mod:`tfpar.env` reports, as JSON-serialisable data."""
+    import tensorflow as tf
+
+    import tfpar
+    from tfpar import devices
+    from tfpar import keras_fixes
+    from tfpar import strategies
+
+    build = dict(tf.sysconfig.get_build_info())
+    cores = os.cpu_count() or 1
+    return {
+        "versions": {
+            "python": platform.python_version(), "tfpar": tfpar.__version__,
+            "tensorflow": tf.__version__, "keras": _version("keras"),
+            "tensorboard": _version("tensorboard"),
+            "cuda (build)": build.get("cuda_version", "none (CPU build)"),
+            "cudnn (build)": build.get("cudnn_version", "none (CPU build)"),
+            "nccl": ("in this CUDA build (used on GPUs)" if build.get("is_cuda_build")
+                     else "not available (CPU build)"),
+        },
+        "machine": {"platform": platform.platform(), "cpu_cores": cores},
+        "devices": {
+            "physical": [d.name for d in tf.config.list_physical_devices()],
+            "logical_cpus": devices.logical_cpu_count(),
+            "gpus": devices.gpu_count(),
+        },
+        "threads": {
+            "intra_op_per_device": {str(n): max(1, cores // n) for n in (1, 2, 4)},
+            "per_device_pools": os.environ.get(devices.PER_DEVICE_THREAD_POOLS_ENV,
+                                               "1 when the CPU is split (unset now)"),
+        },
+        "strategies": {name: {"description": strategies.entry(name).description,
+                              "options": {k: repr(v) for k, v in
+                                          strategies.entry(name).options().items()}}
+                       for name in strategies.available()},
+        "cluster": _cluster(),
+        "keras_fixes": {"installed": keras_fixes.installed(),
+                        "what": "fit's symbolic build reads one replica's shard; multi-worker "
+                                "scalar logs reduced with axis=None (tfpar/keras_fixes.py)",
+                        "verified_with_keras": "3.15"},
+    }
+
+
+def format_text(info: dict[str, Any]) -> str:
+    """Returns :func:`collect`'s data as indented plain text."""
+    lines = []
+
+    def add(value: Any, indent: int) -> None:
+        for key, item in value.items():
+            if isinstance(item, dict) and item:
+                lines.append(f"{' ' * indent}{key}:")
+                add(item, indent + 2)
+            else:
+                lines.append(f"{' ' * indent}{key}: {item if item != {} else 'none'}")
+
+    add(info, 0)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from tfpar.cli import env as env_cli
+
+    env_cli.run()
