@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -104,6 +105,20 @@ class LauncherTest(tf.test.TestCase):
                                                           r"'10\.255\.255\.1' .*give one of its "
                                                           r"addresses, e\.g\. 127\.0\.0\.1"):
             launcher.launch([sys.executable, "-c", "pass"], 2, host="10.255.255.1")
+
+    def test_only_the_chief_reports(self):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2", "--",
+             sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--strategy=multi_worker",
+             "--dataset=digits", "--epochs=1", "--batch_size=256"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:])
+        self.assertEqual(re.findall(r"\[worker (\d)\] test acc:", result.stdout), ["0"])
+        self.assertEqual(re.findall(r"\[worker (\d)\] strategy +devices", result.stdout), ["0"])
+        # Progress bars too: Keras's step counter appears on worker 0 only.
+        self.assertNotRegex(result.stdout, r"\[worker 1\] .*\d+/\d+ ")
+        self.assertNotIn("shuffle=True was passed", result.stdout)
 
     def test_the_script_answers_bad_input_with_one_line(self):
         result = subprocess.run(

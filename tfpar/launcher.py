@@ -21,6 +21,9 @@ from typing import Optional, Sequence, TextIO
 from tfpar.errors import ConfigError
 
 STOP_GRACE_SECONDS = 10.0
+# Set to "1" in the workers' environment to have every worker print its progress and report
+# (tfpar's programs otherwise print them on the chief only).
+ALL_OUTPUT_ENV = "TFPAR_ALL_WORKERS_OUTPUT"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -74,7 +77,7 @@ def _interrupt(signum, frame):
 
 
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
-           out: Optional[TextIO] = None) -> int:
+           out: Optional[TextIO] = None, all_output: bool = False) -> int:
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
     Args:
@@ -82,6 +85,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         num_workers: Number of worker processes.
         host: Address the workers' servers bind (loopback unless told otherwise).
         out: Where prefixed output goes (standard output by default).
+        all_output: Every worker prints progress and reports, not only the chief.
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
@@ -100,7 +104,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     lock = threading.Lock()
     processes, threads = [], []
     for rank, config in enumerate(tf_configs(num_workers, host)):
-        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1",
+               ALL_OUTPUT_ENV: "1" if all_output else "0"}
         try:
             p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -56,6 +56,8 @@ class TrainConfig:
         seed: Seed of weights and shuffling.
         sync_batchnorm: Compute BatchNorm statistics over the global batch.
         verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
+        chief_only_progress: In multi-worker training, only the chief shows progress (the
+            other workers train silently).
         model_dir: Where training state is saved after every epoch (one sub-folder per device
             set); ``None``: not saved.
         resume: Resume from the state in ``model_dir`` when there is some.
@@ -87,6 +89,7 @@ class TrainConfig:
     seed: int = 0
     sync_batchnorm: bool = False
     verbose: int = 1
+    chief_only_progress: bool = True
     model_dir: Optional[str] = None
     resume: bool = True
     deterministic: bool = False
@@ -292,7 +295,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     # Keras keeps its iterator); otherwise the data must end with each epoch.
     # shuffle=False: the order is the data's own (Keras would warn that it ignores shuffle).
     fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
-                    verbose=config.verbose, shuffle=False)
+                    verbose=(config.verbose if cluster.is_chief(strategy)
+                             or not config.chief_only_progress else 0), shuffle=False)
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     if steps_per_epoch % config.steps_per_execution == 0:
         train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size,

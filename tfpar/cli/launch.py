@@ -19,11 +19,15 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_integer("num_workers", 2, "Number of worker processes.", lower_bound=1)
 flags.DEFINE_string("host", "127.0.0.1", "Address the workers bind (loopback by default).")
+flags.DEFINE_bool("all_output", False,
+                  "Every worker prints its progress bars and report; by default only the chief "
+                  "(worker 0) does, the others print warnings and errors.")
 
 
 def main(argv: list[str]) -> None:
     """Launches ``argv[1:]`` (the command after ``--``) as the workers and exits with their status."""
-    sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host))
+    sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
+                             all_output=FLAGS.all_output))
 
 
 def run() -> None:

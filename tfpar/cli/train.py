@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from absl import app
 from absl import flags
 
 from tfpar import atomic_io
 from tfpar import data
+from tfpar import launcher
 from tfpar import models
 from tfpar import report
 from tfpar import strategies
@@ -118,7 +120,8 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
         lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
-        sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose, model_dir=FLAGS.model_dir,
+        sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose,
+        chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1", model_dir=FLAGS.model_dir,
         resume=FLAGS.resume, deterministic=FLAGS.deterministic, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         profile_steps=(tuple(common.parse_count("--profile_steps", n)
@@ -141,14 +144,22 @@ def main(argv: list[str]) -> None:
     if FLAGS.plot:
         report.check_plotting()
         atomic_io.check_writable(FLAGS.plot)
+    # Under the launcher only the chief reports (every worker would print the same figures),
+    # unless it was asked to show every worker's output.
+    all_output = os.environ.get(launcher.ALL_OUTPUT_ENV) == "1"
+
+    def report_line(result: training.RunResult) -> None:
+        if result.is_chief or all_output:
+            print(report.summary_line(result), flush=True)
+
     try:
-        results = training.train_each(
-            config, device_sets, on_result=lambda r: print(report.summary_line(r), flush=True))
+        results = training.train_each(config, device_sets, on_result=report_line)
     except NonFiniteLossError as e:
         _write_results(config, e.results, "What was measured before the loss diverged")
         raise
-    print()
-    print(report.table(results))
+    if results[0].is_chief or all_output:
+        print()
+        print(report.table(results))
     _write_results(config, results, "Results")
     if FLAGS.plot and results[0].is_chief:
         report.write_curves(FLAGS.plot, results)
