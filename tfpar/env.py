@@ -1,4 +1,6 @@
-"""What tfpar sees on this machine, for users and bug reports (``tfpar-env``, ``python -m tfpar.env``).
+"""What tfpar sees on this machine, for users and bug reports.
+
+Run as ``tfpar-env`` or ``python -m tfpar.env`` (``--json`` for tools).
 
 Versions (Python, tfpar, TensorFlow, Keras, the CUDA/cuDNN TensorFlow was built with), the
 physical devices and the logical CPU split, the threads tfpar gives each logical CPU device,

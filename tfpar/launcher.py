@@ -36,9 +36,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.bind((host, 0))
         return [s.getsockname()[1] for s in sockets]
     except (OSError, OverflowError) as e:
-        raise ConfigError(f"Cannot open a port on host {host!r} ({getattr(e, 'strerror', None) or e}"
-                          "): the workers run on this machine, so give one of its addresses, "
-                          "e.g. 127.0.0.1.") from None
+        reason = getattr(e, "strerror", None) or e
+        raise ConfigError(f"Cannot open a port on host {host!r} ({reason}): the workers run on "
+                          "this machine, so give one of its addresses, e.g. 127.0.0.1.") from None
     finally:
         for s in sockets:
             s.close()

@@ -56,8 +56,8 @@ class TrainConfig:
         seed: Seed of weights and shuffling.
         sync_batchnorm: Compute BatchNorm statistics over the global batch.
         verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
-        chief_only_progress: In multi-worker training, only the chief shows progress (the
-            other workers train silently).
+        chief_only_progress: In multi-worker training, only the chief shows progress and
+            reports (the other workers train silently).
         model_dir: Where training state is saved after every epoch (one sub-folder per device
             set); ``None``: not saved.
         resume: Resume from the state in ``model_dir`` when there is some.

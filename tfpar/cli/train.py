@@ -121,7 +121,9 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
         sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose,
-        chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1", model_dir=FLAGS.model_dir,
+        # The launcher's --all_output reaches the workers through their environment.
+        chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1",
+        model_dir=FLAGS.model_dir,
         resume=FLAGS.resume, deterministic=FLAGS.deterministic, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         profile_steps=(tuple(common.parse_count("--profile_steps", n)
@@ -146,7 +148,7 @@ def main(argv: list[str]) -> None:
         atomic_io.check_writable(FLAGS.plot)
     # Under the launcher only the chief reports (every worker would print the same figures),
     # unless it was asked to show every worker's output.
-    all_output = os.environ.get(launcher.ALL_OUTPUT_ENV) == "1"
+    all_output = not config.chief_only_progress
 
     def report_line(result: training.RunResult) -> None:
         if result.is_chief or all_output:
