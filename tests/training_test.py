@@ -66,6 +66,11 @@ class OptionsTest(testing.StrategyTestCase):
         for tfpar_scalar in ("epoch_test_accuracy", "epoch_epoch_seconds",
                              "epoch_images_per_second"):
             self.assertLen(scalars[tfpar_scalar], 2, msg=tfpar_scalar)
+        texts = [tf.make_ndarray(value.tensor).item().decode()
+                 for path in glob.glob(os.path.join(logdir, "mirrored_2_devices", "tfpar", "*"))
+                 for event in tf.compat.v1.train.summary_iterator(path)
+                 for value in event.summary.value if value.tag == "device_set"]
+        self.assertEqual(texts, ["CPU:0, CPU:1"])
 
     @parameterized.parameters(-1, 2**32, 1.5)
     def test_seed_out_of_range(self, seed):

@@ -71,8 +71,9 @@ class TrainConfig:
         profile_dir: Where the trace goes.
         logdir: Where TensorBoard logs go, one run per device set
             (``{logdir}/{strategy}_{n}_devices``): per epoch, Keras's scalars (loss, accuracy,
-            learning rate) and tfpar's (test accuracy, epoch seconds, images/s). Only the
-            chief writes. ``None``: no logs.
+            learning rate) and tfpar's (test accuracy, epoch seconds, images/s), the device
+            set as text, and the ``profile_steps`` trace. Only the chief writes. ``None``: no
+            logs.
     """
 
     strategy: str = "mirrored"
@@ -281,13 +282,17 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         checkpoint = _epoch_checkpoint(config, model, strategy)
         initial_epoch = checkpoint.restore() if config.resume else 0
         callbacks.append(checkpoint)
+    profile_dir = config.profile_dir
     if config.logdir and cluster.is_chief(strategy):
         chosen = strategies.selection(strategy)
-        callbacks.append(keras.callbacks.TensorBoard(
-            os.path.join(config.logdir, f"{chosen.name}_{len(chosen.devices)}_devices"),
-            write_graph=False))
+        run_dir = os.path.join(config.logdir, f"{chosen.name}_{len(chosen.devices)}_devices")
+        callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
+        with tf.summary.create_file_writer(os.path.join(run_dir, "tfpar")).as_default():
+            tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
+                            step=0)
+        profile_dir = run_dir  # The trace shows under the same run in TensorBoard.
     if config.profile_steps:
-        callbacks.append(profiling.ProfileSteps(*config.profile_steps, config.profile_dir))
+        callbacks.append(profiling.ProfileSteps(*config.profile_steps, profile_dir))
     callbacks += user_callbacks
     # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
     # an uninterrupted one. Every epoch must run exactly its steps: one endless stream does
