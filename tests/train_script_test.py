@@ -150,15 +150,41 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bad_flag_value_is_rejected_by_absl(self):
         result = train("--lr=fast")
-        self.assertNotEqual(result.returncode, 0)
+        self.assertEqual(result.returncode, 2)  # The same status as tfpar's own checks.
         self.assertIn("flag --lr=fast: could not convert string to float", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
     def test_help_lists_the_flags(self):
-        result = train("--help")  # absl's --help exits with status 1.
+        result = train("--help")
+        self.assertEqual(result.returncode, 0)
         for flag in ("--strategy", "--num_devices", "--[no]scale_with_devices", "--allreduce",
-                     "--split_weights", "--output"):
+                     "--split_weights", "--output", "--plot", "--logdir"):
             self.assertIn(flag, result.stdout)
+        self.assertNotIn("oneDNN", result.stdout + result.stderr)  # TensorFlow never started.
+
+    def test_flags_are_checked_before_tensorflow_is_imported(self):
+        # --help and flag errors answer at once because the programs' modules import no
+        # TensorFlow; tfpar's own checks of the simple flags run before it too.
+        for program in ("benchmark", "env", "launch"):
+            result = subprocess.run(
+                [sys.executable, "-c", f"import sys; from tfpar.cli import {program}; "
+                                       "print('tensorflow' in sys.modules)"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.stdout.strip(), "False", program + result.stderr[-2000:])
+        code = ("import sys\n"
+                "from tfpar.cli import train\n"
+                "from absl import flags\n"
+                "flags.FLAGS(['train.py', '--lr=-1'])\n"
+                "try:\n"
+                "    train.config_from_flags()\n"
+                "except Exception as e:\n"
+                "    print(type(e).__name__, e)\n"
+                "print('tensorflow' in sys.modules)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.stdout.splitlines(),
+                         ["ConfigError lr must be a finite number > 0. Received: lr=-1.0.",
+                          "False"], result.stderr[-2000:])
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfpar.dataset_catalog import OFFLINE_DATASETS
+from tfpar.dataset_catalog import TFDS
+from tfpar.dataset_catalog import TfdsInfo
+from tfpar.dataset_catalog import available  # noqa: F401  (tfpar.data.available)
 from tfpar.errors import DatasetError
-
-OFFLINE_DATASETS = ("digits", "synthetic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,29 +50,6 @@ class Splits:
     num_classes: int
     num_train: int
     num_test: int
-
-
-@dataclasses.dataclass(frozen=True)
-class _TfdsInfo:
-    tfds_name: str
-    image_shape: tuple[int, int, int]
-    num_classes: int
-    # Where TFDS downloads from; probed before a download so that an offline machine fails
-    # in seconds, not after minutes of TFDS's HTTP retries.
-    download_url: str
-
-
-_TFDS = {
-    "fashion_mnist": _TfdsInfo("fashion_mnist", (28, 28, 1), 10,
-                               "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"),
-    "mnist": _TfdsInfo("mnist", (28, 28, 1), 10, "https://storage.googleapis.com/"),
-    "cifar10": _TfdsInfo("cifar10", (32, 32, 3), 10, "https://www.cs.toronto.edu/"),
-}
-
-
-def available() -> list[str]:
-    """Returns the dataset names :func:`load` accepts."""
-    return sorted([*_TFDS, *OFFLINE_DATASETS])
 
 
 def load(name: str, data_dir: Optional[str] = None, *, download: bool = True,
@@ -100,8 +79,8 @@ def load(name: str, data_dir: Optional[str] = None, *, download: bool = True,
         return _digits()
     if name == "synthetic":
         return _synthetic(image_shape, num_classes, synthetic_size, seed)
-    if name in _TFDS:
-        return _tfds(name, _TFDS[name], data_dir, download)
+    if name in TFDS:
+        return _tfds(name, TFDS[name], data_dir, download)
     raise DatasetError(f"Unknown dataset {name!r}. Available datasets: {', '.join(available())}.")
 
 
@@ -130,7 +109,7 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _tfds(name: str, info: _TfdsInfo, data_dir: Optional[str], download: bool) -> Splits:
+def _tfds(name: str, info: TfdsInfo, data_dir: Optional[str], download: bool) -> Splits:
     import tensorflow_datasets as tfds  # Imported lazily: it is slow and not always needed.
 
     _check_data_dir(data_dir)

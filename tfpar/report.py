@@ -3,11 +3,13 @@ and the seeds' plot of test accuracy per epoch for each device set."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tfpar import atomic_io
 from tfpar.errors import ConfigError
-from tfpar.training import RunResult
+
+if TYPE_CHECKING:  # Only a type here: this module does not import TensorFlow.
+    from tfpar.training import RunResult
 
 
 def summary_line(result: RunResult) -> str:

@@ -28,113 +28,12 @@ from tfpar import profiling
 from tfpar import replica_statistics
 from tfpar import strategies
 from tfpar import timing
+from tfpar.config import DTYPES  # noqa: F401  (tfpar.training.DTYPES)
+from tfpar.config import OPTIMIZERS  # noqa: F401  (tfpar.training.OPTIMIZERS)
+from tfpar.config import TrainConfig
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.loss_guard import StopOnNonFiniteLoss
-
-OPTIMIZERS = ("sgd", "adam")
-DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """What to train and how. Batch size and learning rate are those of a one-device run.
-
-    Attributes:
-        strategy: Registry name of the strategy.
-        strategy_options: Options of that registry entry.
-        model: Model name (see ``tfpar.models.available()``).
-        dataset: Dataset name (see ``tfpar.data.available()``).
-        data_dir: TFDS data directory.
-        batch_size: Global batch size (over all replicas).
-        lr: Learning rate.
-        scale_with_devices: Multiply batch size and learning rate by the number of devices
-            (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
-        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
-        momentum: SGD momentum (0 is the seeds' plain SGD).
-        epochs: Training epochs.
-        seed: Seed of weights and shuffling.
-        sync_batchnorm: Compute BatchNorm statistics over the global batch.
-        verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
-        chief_only_progress: In multi-worker training, only the chief shows progress and
-            reports (the other workers train silently).
-        model_dir: Where training state is saved after every epoch (one sub-folder per device
-            set); ``None``: not saved.
-        resume: Resume from the state in ``model_dir`` when there is some.
-        deterministic: Make TensorFlow ops deterministic, so two runs on the same device set
-            give identical weights (slower on GPUs).
-        dtype: Keras dtype policy: ``float32``, ``bfloat16``, or mixed precision
-            ``mixed_float16`` (with dynamic loss scaling) / ``mixed_bfloat16``.
-        jit_compile: Compile the training step with XLA.
-        steps_per_execution: Training steps per compiled call.
-        profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
-        profile_dir: Where the trace goes.
-        logdir: Where TensorBoard logs go, one run per device set
-            (``{logdir}/{strategy}_{n}_devices``): per epoch, Keras's scalars (loss, accuracy,
-            learning rate) and tfpar's (test accuracy, epoch seconds, images/s), the device
-            set as text, and the ``profile_steps`` trace. Only the chief writes. ``None``: no
-            logs.
-    """
-
-    strategy: str = "mirrored"
-    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    model: str = "lenet"
-    dataset: str = "fashion_mnist"
-    data_dir: Optional[str] = None
-    batch_size: int = 64
-    lr: float = 0.05
-    scale_with_devices: bool = False
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    epochs: int = 10
-    seed: int = 0
-    sync_batchnorm: bool = False
-    verbose: int = 1
-    chief_only_progress: bool = True
-    model_dir: Optional[str] = None
-    resume: bool = True
-    deterministic: bool = False
-    dtype: str = "float32"
-    jit_compile: bool = False
-    steps_per_execution: int = 1
-    profile_steps: Optional[tuple[int, int]] = None
-    profile_dir: str = "tfpar_profile"
-    logdir: Optional[str] = None
-
-    def __post_init__(self):
-        _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
-               f"batch_size must be an integer >= 1. Received: batch_size={self.batch_size!r}.")
-        _check(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
-               f"lr must be a finite number > 0. Received: lr={self.lr!r}.")
-        _check(isinstance(self.epochs, int) and self.epochs >= 1,
-               f"epochs must be an integer >= 1. Received: epochs={self.epochs!r}.")
-        _check(self.optimizer in OPTIMIZERS,
-               f"optimizer must be one of {', '.join(OPTIMIZERS)}. Received: {self.optimizer!r}.")
-        _check(0 <= self.momentum < 1, f"momentum must be in [0, 1). Received: {self.momentum!r}.")
-        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
-               f"seed must be an integer from 0 to 2**32 - 1. Received: seed={self.seed!r}.")
-        _check(self.dtype in DTYPES,
-               f"dtype must be one of {', '.join(DTYPES)}. Received: dtype={self.dtype!r}.")
-        _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
-               "steps_per_execution must be an integer >= 1. "
-               f"Received: {self.steps_per_execution!r}.")
-        _check(self.profile_steps is None or (len(self.profile_steps) == 2
-                                              and 1 <= self.profile_steps[0]
-                                              <= self.profile_steps[1]),
-               "profile_steps is (first, last) with 1 <= first <= last. "
-               f"Received: {self.profile_steps!r}.")
-
-    def for_devices(self, num_devices: int) -> tuple[int, float]:
-        """Returns ``(global batch size, learning rate)`` for a set of ``num_devices``."""
-        if self.scale_with_devices:
-            return self.batch_size * num_devices, self.lr * num_devices
-        return self.batch_size, self.lr
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
 
 @dataclasses.dataclass
 class RunResult:

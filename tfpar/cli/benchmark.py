@@ -11,12 +11,10 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
-from tfpar import allreduce
 from tfpar import atomic_io
 from tfpar import benchmark
+from tfpar import config as config_lib
 from tfpar import models
-from tfpar import strategies
-from tfpar import training
 from tfpar.cli import common
 from tfpar.errors import ConfigError
 
@@ -34,7 +32,7 @@ flags.DEFINE_integer("threads_per_device", None,
                      "Intra-op threads of each device. Default: cores // the largest device "
                      "count, so every device has the same share of the machine.")
 flags.DEFINE_integer("epoch_examples", 60_000, "Epoch size for the sec/epoch column.")
-flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
+flags.DEFINE_enum("dtype", "float32", list(config_lib.DTYPES),
                   "Keras dtype policy of the models.")
 flags.DEFINE_bool("jit_compile", False, "Compile the training step with XLA.")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
@@ -65,6 +63,9 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise ConfigError(f"Unknown model(s) {', '.join(unknown)}. Available models: "
                           f"{', '.join(models.available())}.")
+    from tfpar import allreduce  # These import TensorFlow: only once the flags are parsed.
+    from tfpar import strategies
+
     for name in FLAGS.strategies:
         strategies.entry(name)
     for path in (FLAGS.output, FLAGS.csv, FLAGS.plot):

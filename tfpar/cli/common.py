@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import sys
 from typing import Any, Callable, Optional
@@ -10,8 +11,6 @@ from typing import Any, Callable, Optional
 from absl import app
 from absl import flags
 
-
-from tfpar import strategies
 from tfpar.errors import ConfigError
 from tfpar.errors import TfparError
 
@@ -47,14 +46,24 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str) -> None:
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
     tfpar's programs live in importable modules (so ``scripts/`` and console scripts share
-    them), so they are declared key flags of whichever file was run.
+    them), so they are declared key flags of whichever file was run. Flags are parsed before
+    TensorFlow is imported (the programs import it in ``main``), so ``--help`` and flag errors
+    answer at once; ``--help`` exits with status 0.
     """
-    import tensorflow as tf  # After the program set TF_CPP_MIN_LOG_LEVEL (tfpar.cli).
-
-    # TensorFlow's Python logger repeats every cross-device reduction it sets up at INFO.
-    tf.get_logger().setLevel("WARNING")
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    if any(arg in ("-h", "--help", "-?", "--helpshort") for arg in sys.argv[1:]):
+        app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
+    try:  # absl would exit 1 with a FATAL line; every bad input exits 2 with one line.
+        flags.FLAGS(sys.argv)
+    except flags.Error as e:
+        message = str(e).strip()
+        end = " " if message.endswith(("?", ".")) else ". "
+        print(f"Error: {message}{end}Run with --help to see the flags.", file=sys.stderr)
+        sys.exit(2)
+    # TensorFlow's Python logger (tf.get_logger()) repeats every cross-device reduction it
+    # sets up at INFO; set without importing TensorFlow.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     app.run(exit_cleanly(main))
 
 
@@ -102,6 +111,8 @@ def strategy_options(strategy: str, values: dict[str, Any],
         RegistryError: If the strategy is unknown.
         ConfigError: If a flag was given on the command line that the strategy does not take.
     """
+    from tfpar import strategies  # Imports TensorFlow: only once the flags are parsed.
+
     accepted = strategies.entry(strategy).options()
     flag_names = flag_names or {}
     for option in values:
@@ -114,6 +125,8 @@ def strategy_options(strategy: str, values: dict[str, Any],
 
 def strategy_listing() -> str:
     """Returns the registered strategies, one ``name: description`` per line."""
+    from tfpar import strategies  # Imports TensorFlow: only once the flags are parsed.
+
     return "\n".join(f"{name}: {description}"
                      for name, description in strategies.available().items())
 

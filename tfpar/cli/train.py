@@ -16,12 +16,11 @@ from absl import app
 from absl import flags
 
 from tfpar import atomic_io
-from tfpar import data
+from tfpar import config as config_lib
+from tfpar import dataset_catalog
 from tfpar import launcher
 from tfpar import models
 from tfpar import report
-from tfpar import strategies
-from tfpar import training
 from tfpar.cli import common
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
@@ -32,7 +31,7 @@ flags.DEFINE_string("strategy", "mirrored",
                     "Registry strategy; run with --list_strategies to see them all.")
 flags.DEFINE_bool("list_strategies", False, "Print the registered strategies and exit.")
 flags.DEFINE_enum("model", "lenet", models.available(), "Model to train.")
-flags.DEFINE_enum("dataset", "fashion_mnist", data.available(),
+flags.DEFINE_enum("dataset", "fashion_mnist", dataset_catalog.available(),
                   "Dataset. 'digits' and 'synthetic' need no download.")
 flags.DEFINE_string("data_dir", None, "TFDS data directory (TFDS's default if unset).")
 flags.DEFINE_list("num_devices", ["1"],
@@ -61,7 +60,7 @@ flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
                      "'allreduce', 'multi_worker_allreduce': gradient bucket size in bytes (0: "
                      "one reduction per variable).")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
-flags.DEFINE_enum("dtype", "float32", list(training.DTYPES),
+flags.DEFINE_enum("dtype", "float32", list(config_lib.DTYPES),
                   "Keras dtype policy; mixed_float16 trains with dynamic loss scaling.")
 flags.DEFINE_bool("jit_compile", False,
                   "Compile the training step with XLA (one CPU device, or GPUs).")
@@ -98,7 +97,7 @@ flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
 
-def config_from_flags() -> tuple[training.TrainConfig, list]:
+def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     """Returns the training configuration and the device sets the flags ask for.
 
     Raises:
@@ -106,17 +105,9 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
     """
     device_sets = ([FLAGS.devices] if FLAGS.devices
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
-    options = common.strategy_options(FLAGS.strategy, {
-        "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
-        "bytes_per_pack": FLAGS.bytes_per_pack,
-        "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
-                                for w in FLAGS.split_weights) if FLAGS.split_weights else None),
-        "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
-        "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
-        "task_index": FLAGS.task_index,
-    }, flag_names={"algorithm": "allreduce"})
-    config = training.TrainConfig(
-        strategy=FLAGS.strategy, strategy_options=options, model=FLAGS.model,
+    # Checked first without TensorFlow (the strategy options need the registry, which imports it).
+    config = config_lib.TrainConfig(
+        strategy=FLAGS.strategy, model=FLAGS.model,
         dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
         lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
@@ -129,7 +120,16 @@ def config_from_flags() -> tuple[training.TrainConfig, list]:
         profile_steps=(tuple(common.parse_count("--profile_steps", n)
                              for n in FLAGS.profile_steps) if FLAGS.profile_steps else None),
         profile_dir=FLAGS.profile_dir, logdir=FLAGS.logdir)
-    return config, device_sets
+    options = common.strategy_options(FLAGS.strategy, {
+        "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
+        "bytes_per_pack": FLAGS.bytes_per_pack,
+        "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
+                                for w in FLAGS.split_weights) if FLAGS.split_weights else None),
+        "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
+        "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
+        "task_index": FLAGS.task_index,
+    }, flag_names={"algorithm": "allreduce"})
+    return dataclasses.replace(config, strategy_options=options), device_sets
 
 
 def main(argv: list[str]) -> None:
@@ -140,6 +140,8 @@ def main(argv: list[str]) -> None:
         print(common.strategy_listing())
         return
     config, device_sets = config_from_flags()
+    from tfpar import strategies  # Imports TensorFlow.
+
     strategies.entry(config.strategy)  # Fail on a bad name before any slow work.
     if FLAGS.output:
         atomic_io.check_writable(FLAGS.output)
@@ -149,6 +151,8 @@ def main(argv: list[str]) -> None:
     # Under the launcher only the chief reports (every worker would print the same figures),
     # unless it was asked to show every worker's output.
     all_output = not config.chief_only_progress
+
+    from tfpar import training  # Imports TensorFlow: only once the flags are checked.
 
     def report_line(result: training.RunResult) -> None:
         if result.is_chief or all_output:
@@ -168,7 +172,7 @@ def main(argv: list[str]) -> None:
         print(f"Plot written to {FLAGS.plot}")
 
 
-def _write_results(config: training.TrainConfig, results: list, what: str) -> None:
+def _write_results(config: config_lib.TrainConfig, results: list, what: str) -> None:
     if FLAGS.output and results and results[0].is_chief:
         payload = {"config": dataclasses.asdict(config),
                    "results": [r.to_dict() for r in results]}

@@ -6,15 +6,31 @@ Every builder is functional Keras with deterministic, hierarchical layer names a
 
 from __future__ import annotations
 
-from typing import Callable
-
-import keras
+import importlib
+from typing import TYPE_CHECKING
 
 from tfpar.errors import RegistryError
-from tfpar.models.lenet import lenet
-from tfpar.models.resnet import resnet18
 
-_BUILDERS: dict[str, Callable[..., keras.Model]] = {"lenet": lenet, "resnet18": resnet18}
+if TYPE_CHECKING:
+    import keras
+
+# Name -> module of the builder of the same name. Imported on first use, so the names are
+# known without importing Keras (command-line help answers at once).
+_BUILDERS = {"lenet": "tfpar.models.lenet", "resnet18": "tfpar.models.resnet"}
+
+
+def _builder(name: str):
+    builder = getattr(importlib.import_module(_BUILDERS[name]), name)
+    # Importing submodule `lenet` binds the package attribute `lenet` to the module; the
+    # package's `lenet` is the builder function, as before the import was lazy.
+    globals()[name] = builder
+    return builder
+
+
+def __getattr__(name):
+    if name in _BUILDERS:
+        return _builder(name)
+    raise AttributeError(f"module 'tfpar.models' has no attribute {name!r}")
 
 
 def available() -> list[str]:
@@ -23,7 +39,7 @@ def available() -> list[str]:
 
 
 def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
-          **kwargs) -> keras.Model:
+          **kwargs) -> "keras.Model":
     """Builds the named model.
 
     Args:
@@ -40,7 +56,7 @@ def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
     """
     if name not in _BUILDERS:
         raise RegistryError(f"Unknown model {name!r}. Available models: {', '.join(available())}.")
-    return _BUILDERS[name](num_classes=num_classes, input_shape=tuple(input_shape), **kwargs)
+    return _builder(name)(num_classes=num_classes, input_shape=tuple(input_shape), **kwargs)
 
 
 __all__ = ["available", "build", "lenet", "resnet18"]

@@ -1,0 +1,37 @@
+"""The datasets tfpar knows by name, with their image shapes and sources (no TensorFlow).
+
+Kept apart from :mod:`tfpar.data` so that the names are known without importing TensorFlow,
+e.g. for command-line flags and ``--help``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Work without internet: digits ship inside scikit-learn, synthetic data is generated.
+OFFLINE_DATASETS = ("digits", "synthetic")
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsInfo:
+    """Where a TFDS dataset comes from and what its images are."""
+
+    tfds_name: str
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    # Where TFDS downloads from; probed before a download so that an offline machine fails
+    # in seconds, not after minutes of TFDS's HTTP retries.
+    download_url: str
+
+
+TFDS = {
+    "fashion_mnist": TfdsInfo("fashion_mnist", (28, 28, 1), 10,
+                              "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"),
+    "mnist": TfdsInfo("mnist", (28, 28, 1), 10, "https://storage.googleapis.com/"),
+    "cifar10": TfdsInfo("cifar10", (32, 32, 3), 10, "https://www.cs.toronto.edu/"),
+}
+
+
+def available() -> list[str]:
+    """Returns the dataset names :func:`tfpar.data.load` accepts."""
+    return sorted([*TFDS, *OFFLINE_DATASETS])
