@@ -15,11 +15,11 @@ CPU into logical devices before TensorFlow initialises.
 __version__ = "0.1.0"
 
 import importlib
+import pkgutil
 
-_SUBMODULES = ("allreduce", "allreduce_strategy", "atomic_io", "benchmark", "checkpointing",
-               "cluster", "data", "devices", "env", "errors", "evaluation", "flops", "keras_fixes",
-               "launcher", "loss_guard", "models", "profiling", "replica_statistics", "report",
-               "strategies", "testing", "timing", "training")
+# Every module of the package, found rather than listed (so none is forgotten); the worker
+# program of the benchmark is run, not imported.
+_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__)) - {"benchmark_worker"}
 
 
 def __getattr__(name):
