@@ -161,6 +161,12 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
                      "--split_weights", "--output", "--plot", "--logdir"):
             self.assertIn(flag, result.stdout)
         self.assertNotIn("oneDNN", result.stdout + result.stderr)  # TensorFlow never started.
+        # Grouped: every flag of the program in exactly one group, groups in order.
+        defined = {flag.name for flag in FLAGS.get_flags_for_module(train_cli.__name__)}
+        grouped = [name for names in train_cli.HELP_GROUPS.values() for name in names]
+        self.assertCountEqual(grouped, defined)
+        positions = [result.stdout.index(f"\n{title}:\n") for title in train_cli.HELP_GROUPS]
+        self.assertEqual(positions, sorted(positions))
 
     def test_flags_are_checked_before_tensorflow_is_imported(self):
         # --help and flag errors answer at once because the programs' modules import no

@@ -6,6 +6,7 @@ import functools
 import logging
 import signal
 import sys
+import textwrap
 from typing import Any, Callable, Optional
 
 from absl import app
@@ -41,18 +42,39 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_main(main: Callable[[list[str]], Any], flags_module: str) -> None:
+def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:
+    """Returns ``--help`` text: ``doc``, then each group's flags with help and default."""
+    lines = [doc.strip(), ""]
+    for title, names in groups.items():
+        lines.append(f"{title}:")
+        for name in names:
+            flag = flags.FLAGS[name]
+            prefix = "[no]" if isinstance(flag, flags.BooleanFlag) else ""
+            default = flag.default_as_str or "none"
+            lines.append(textwrap.fill(f"--{prefix}{name}: {flag.help} (default: {default})",
+                                       width=100, initial_indent="  ",
+                                       subsequent_indent="      "))
+        lines.append("")
+    lines.append("Also: --helpfull for absl's own flags.")
+    return "\n".join(lines)
+
+
+def run_main(main: Callable[[list[str]], Any], flags_module: str,
+             help_groups: Optional[dict[str, tuple[str, ...]]] = None) -> None:
     """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
     tfpar's programs live in importable modules (so ``scripts/`` and console scripts share
     them), so they are declared key flags of whichever file was run. Flags are parsed before
     TensorFlow is imported (the programs import it in ``main``), so ``--help`` and flag errors
-    answer at once; ``--help`` exits with status 0.
+    answer at once; ``--help`` exits with status 0 (grouped as ``help_groups`` says, if given).
     """
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     if any(arg in ("-h", "--help", "-?", "--helpshort") for arg in sys.argv[1:]):
+        if help_groups:
+            print(grouped_help(sys.modules[flags_module].__doc__ or "", help_groups))
+            sys.exit(0)
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     try:  # absl would exit 1 with a FATAL line; every bad input exits 2 with one line.
         flags.FLAGS(sys.argv)

@@ -97,6 +97,22 @@ flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
 
+# How --help groups the flags (every flag of this module appears in exactly one group).
+HELP_GROUPS = {
+    "What to train": ("model", "dataset", "data_dir", "epochs", "batch_size", "lr",
+                      "scale_with_devices", "optimizer", "momentum", "seed", "dtype"),
+    "Devices and strategy": ("strategy", "list_strategies", "num_devices", "devices",
+                             "cross_device_ops", "sync_batchnorm"),
+    "The hand-written all-reduce step (allreduce)": ("allreduce", "bytes_per_pack",
+                                                     "split_weights"),
+    "Several workers (multi_worker*)": ("implementation", "cluster", "worker_hosts",
+                                        "task_index"),
+    "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
+    "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
+                                "model_dir", "resume", "verbose"),
+}
+
+
 def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     """Returns the training configuration and the device sets the flags ask for.
 
@@ -188,7 +204,7 @@ def _write_results(config: config_lib.TrainConfig, results: list, what: str) -> 
 
 def run() -> None:
     """Console-script entry point (``tfpar-train``)."""
-    common.run_main(main, __name__)
+    common.run_main(main, __name__, HELP_GROUPS)
 
 
 if __name__ == "__main__":
