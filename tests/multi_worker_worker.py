@@ -2,9 +2,13 @@
 
 Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz
+multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
 
+import json
+import os
 import sys
+import time
 
 import numpy as np
 
@@ -29,9 +33,23 @@ def main(name: str, initial_path: str, output_path: str) -> None:
         np.savez(output_path, *model.get_weights())
 
 
+def serve() -> None:
+    strategy = strategies.get("multi_worker", 1)
+    import tensorflow as tf
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    port = config["cluster"]["worker"][config["task"]["index"]].rsplit(":", 1)[1]
+    print("ready", os.getpid(), port, flush=True)
+    step = tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)),
+                                               axis=None))
+    while True:
+        step()
+        time.sleep(0.05)
+
+
 def dataset(num_examples: int):
     return testing.tiny_dataset(num_examples=num_examples, batch_size=8)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    serve() if sys.argv[1:] == ["serve"] else main(*sys.argv[1:])

@@ -8,16 +8,27 @@ The cluster comes from ``TF_CONFIG`` (set by Kubernetes TFJob, Vertex AI, or
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from typing import Any, Optional, Sequence
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
+from absl import logging
 
 from tfpar.errors import ClusterError
+from tfpar.errors import PortTakenError
 
 SOURCES = ("auto", "tf_config", "slurm", "flags")
 TASK_TYPES = ("chief", "worker")
+DEFAULT_TIMEOUT_SECONDS = 300.0
+REPORT_EVERY_SECONDS = 5.0
+# Set to "1" by the launcher when the workers run on a private network (tfpar.private_network).
+PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
 
 
 def _check_address(address: Any, where: str) -> None:
@@ -146,3 +157,137 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     if cluster_resolver.task_type == "chief":
         return True
     return "chief" not in spec and cluster_resolver.task_id == 0
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _accepts_connections(address: str) -> bool:
+    try:
+        with socket.create_connection(_split(address), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,
+                   timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                   report: Callable[[str], None] = logging.warning,
+                   report_every: float = REPORT_EVERY_SECONDS) -> None:
+    """Waits until every other task of the cluster is up, saying what it waits for.
+
+    TensorFlow's own wait for the cluster (inside the strategy's constructor) is silent,
+    endless, and deaf to SIGTERM and Ctrl-C. This one runs first, in Python: it holds this
+    task's port (so the peers see it is up, and a port already taken is found at once), polls
+    the peers' ports, reports which are missing every ``report_every`` seconds, and gives up
+    after ``timeout``. A signal interrupts it like any Python code.
+
+    Args:
+        cluster_resolver: The cluster, with this task's type and index.
+        timeout: Seconds to wait for the peers before giving up.
+        report: Called with each "waiting for ..." message.
+        report_every: Seconds between messages.
+
+    Raises:
+        PortTakenError: If this task's port is in use by another program.
+        ClusterError: If a peer is not up after ``timeout`` seconds.
+    """
+    spec = cluster_resolver.cluster_spec()
+    me = (cluster_resolver.task_type, cluster_resolver.task_id)
+    tasks = {(job, index): spec.task_address(job, index)
+             for job in spec.jobs for index in spec.task_indices(job)}
+    own = tasks.pop(me, None)
+    if own is None or not tasks:
+        return
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("", _split(own)[1]))  # As TensorFlow's server will bind it.
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTakenError(f"Port {_split(own)[1]} of this {me[0]} ({own}) is in use by "
+                                     "another program. Give the cluster free ports.") from None
+            raise ClusterError(f"Cannot listen at {own} ({e.strerror}).") from None
+        listener.listen(64)
+        listener.setblocking(False)
+        missing = dict(sorted(tasks.items()))
+        start, since = time.monotonic(), time.strftime("%H:%M:%S")
+        next_report = start + report_every
+        while True:
+            try:
+                while True:  # Answer the peers' probes.
+                    listener.accept()[0].close()
+            except (BlockingIOError, InterruptedError):
+                pass
+            for task, address in list(missing.items()):
+                if _accepts_connections(address):
+                    del missing[task]
+            if not missing:
+                return
+            waited = time.monotonic() - start
+            names = ", ".join(f"{job} {index} ({address})"
+                              for (job, index), address in missing.items())
+            if waited > timeout:
+                raise ClusterError(f"{names[0].upper()}{names[1:]} did not come up within {timeout:g} s. Start every "
+                                   "task of the cluster (each with its own task index), or "
+                                   "wait longer with a larger cluster_timeout.")
+            if time.monotonic() >= next_report:
+                report(f"Waiting for {names} since {since} ({waited:.0f} s; giving up after "
+                       f"{timeout:g} s).")
+                next_report += report_every
+            time.sleep(0.25)
+    finally:
+        listener.close()
+
+
+def connect(make: Callable[[], tf.distribute.Strategy],
+            cluster_resolver: Optional[tf.distribute.cluster_resolver.ClusterResolver],
+            timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tf.distribute.Strategy:
+    """Builds a multi-worker strategy with ``make`` once the cluster's peers are up.
+
+    Around TensorFlow's constructor it:
+
+    - waits for the peers first with :func:`wait_for_peers` (messages, timeout, signals);
+    - warns once when the workers are reachable from the network: TensorFlow's gRPC server
+      listens on every interface, unauthenticated (the launcher's private network avoids it);
+    - gives SIGTERM back to the program: TensorFlow's coordination service installs a C++
+      SIGTERM handler (its preemption notifier) that only records the notice, so the process
+      would otherwise ignore SIGTERM and train on.
+
+    Args:
+        make: Builds the strategy (TensorFlow connects to the cluster in it).
+        cluster_resolver: The cluster (``None``: a single local worker).
+        timeout: Seconds to wait for the peers.
+
+    Returns:
+        The strategy.
+
+    Raises:
+        PortTakenError: If this worker's port is in use by another program.
+        ClusterError: If the peers do not come up within ``timeout``.
+    """
+    if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
+        if os.environ.get(PRIVATE_NETWORK_ENV) != "1":
+            address = cluster_resolver.cluster_spec().task_address(cluster_resolver.task_type,
+                                                                   cluster_resolver.task_id)
+            logging.warning(
+                "This worker's TensorFlow server listens at port %s on every network interface, "
+                "with no authentication: firewall that port (local jobs run by tfpar's launcher "
+                "are kept on a private loopback instead).", _split(address)[1])
+        wait_for_peers(cluster_resolver, timeout)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    try:
+        strategy = make()
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" in str(e):
+            raise PortTakenError("This worker's TensorFlow server could not bind its port: it "
+                                 "was taken by another program just before. Give the cluster "
+                                 "free ports.") from None
+        raise
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    return strategy

@@ -6,7 +6,13 @@ and print its message without a traceback.
 
 
 class TfparError(ValueError):
-    """Base class of tfpar's user-facing errors (bad arguments, impossible requests)."""
+    """Base class of tfpar's user-facing errors (bad arguments, impossible requests).
+
+    Attributes:
+        exit_status: The status tfpar's programs exit with on this error.
+    """
+
+    exit_status = 2
 
 
 class DeviceError(TfparError):
@@ -27,6 +33,12 @@ class ConfigError(TfparError):
 
 class ClusterError(TfparError):
     """A multi-worker cluster specification is malformed or inconsistent."""
+
+
+class PortTakenError(ClusterError):
+    """This worker's port is in use by another program (a launcher retries with new ports)."""
+
+    exit_status = 75  # EX_TEMPFAIL: trying again (with other ports) may succeed.
 
 
 class NonFiniteLossError(TfparError):

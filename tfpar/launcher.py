@@ -4,10 +4,17 @@ It picks free ports, gives each worker its ``TF_CONFIG``, prefixes every output 
 worker's rank, and supervises: if a worker fails or is killed, the others are stopped and the
 launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
 their own process groups, so nothing they start outlives the launcher.
+
+By default the workers run on a private loopback network (:mod:`tfpar.private_network`), since
+TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
+runs them on the machine's network instead (then their ports must be firewalled), and a port
+taken by another program before a worker binds it makes the launcher start over with new ports.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -18,12 +25,21 @@ import threading
 import time
 from typing import Optional, Sequence, TextIO
 
+from tfpar import private_network
 from tfpar.errors import ConfigError
+from tfpar.errors import PortTakenError
 
-STOP_GRACE_SECONDS = 10.0
+# After SIGTERM, how long a worker may take to stop before it is killed (a worker gives itself
+# tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside TensorFlow).
+STOP_GRACE_SECONDS = 15.0
+NETWORKS = ("private", "host")
+PORT_ATTEMPTS = 3  # Starts with fresh ports when a worker finds its port taken (host network).
 # Set to "1" in the workers' environment to have every worker print its progress and report
 # (tfpar's programs otherwise print them on the chief only).
 ALL_OUTPUT_ENV = "TFPAR_ALL_WORKERS_OUTPUT"
+# Set to "1" for workers on the private network (mirrors tfpar.cluster.PRIVATE_NETWORK_ENV,
+# which imports TensorFlow; a test keeps the two equal).
+PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -76,44 +92,92 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM stops the workers as Ctrl-C does.
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
-           out: Optional[TextIO] = None, all_output: bool = False) -> int:
+           out: Optional[TextIO] = None, all_output: bool = False,
+           network: str = "private") -> int:
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
     Args:
         command: The program and its arguments, e.g. ``["python", "scripts/train.py", ...]``.
         num_workers: Number of worker processes.
-        host: Address the workers' servers bind (loopback unless told otherwise).
+        host: The workers' address (loopback unless told otherwise).
         out: Where prefixed output goes (standard output by default).
         all_output: Every worker prints progress and reports, not only the chief.
+        network: ``"private"``: the workers run on a loopback network of their own, which
+            nothing outside the job can reach (nor can they reach the network; Linux only).
+            ``"host"``: on this machine's network, where TensorFlow's servers listen on every
+            interface (firewall their ports).
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
         130 after Ctrl-C.
 
     Raises:
-        ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, or
-            ``host`` is not an address of this machine.
+        ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
+            is not an address of this machine (or not loopback on a private network), or a
+            private network cannot be made here.
     """
     if not command:
         raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
                           "--strategy=multi_worker.")
     if num_workers < 1:
         raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
+    if network not in NETWORKS:
+        raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
+    if network == "private" and not _is_loopback(host):
+        raise ConfigError(f"A private network has only loopback: host must be a loopback "
+                          f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
+                          "for another address.")
     out = out or sys.stdout
+    with contextlib.ExitStack() as stack:
+        namespace = (stack.enter_context(private_network.Namespace())
+                     if network == "private" else None)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            configs = tf_configs(num_workers, host)
+            if namespace is None:
+                ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
+                out.write(f"launcher: the workers' TensorFlow servers listen on every network "
+                          f"interface, unauthenticated ({ports}): firewall these ports.\n")
+            status = _run(command, configs, out, all_output, namespace)
+            if status != PortTakenError.exit_status or namespace is not None:
+                return status
+            out.write(f"launcher: a worker's port was taken by another program; starting "
+                      f"again with new ports (attempt {attempt + 1} of {PORT_ATTEMPTS}).\n"
+                      if attempt < PORT_ATTEMPTS else
+                      "launcher: a worker's port was taken every time; giving up.\n")
+        return status
+
+
+def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output: bool,
+         namespace: Optional[private_network.Namespace]) -> int:
+    """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
     lock = threading.Lock()
     processes, threads = [], []
-    for rank, config in enumerate(tf_configs(num_workers, host)):
+    for config in configs:
         env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1",
-               ALL_OUTPUT_ENV: "1" if all_output else "0"}
+               ALL_OUTPUT_ENV: "1" if all_output else "0",
+               PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
         try:
-            p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        except OSError as e:
+            # Started before any output thread, so the fork runs preexec_fn single-threaded.
+            processes.append(subprocess.Popen(
+                list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+                preexec_fn=namespace.enter if namespace else None))
+        except (OSError, subprocess.SubprocessError) as e:
             _stop(processes)
-            raise ConfigError(f"Cannot run {command[0]!r}: {e.strerror}. Give a program on "
+            reason = getattr(e, "strerror", None) or e
+            raise ConfigError(f"Cannot run {command[0]!r}: {reason}. Give a program on "
                               "PATH or its path, e.g. -- python scripts/train.py.") from None
-        processes.append(p)
+    for rank, p in enumerate(processes):
         t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
                              daemon=True)
         t.start()

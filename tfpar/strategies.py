@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tfpar import allreduce
 from tfpar import allreduce_strategy
+from tfpar import cluster as cluster_lib
 from tfpar import devices as devices_lib
 from tfpar import keras_fixes
 from tfpar.errors import ConfigError
@@ -226,8 +227,6 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     if os.environ.get("TF_CONFIG"):
         # TensorFlow's strategies (mirrored ones too) parse TF_CONFIG and fail with a JSON
         # traceback on a malformed one: check it first, whatever the entry.
-        from tfpar import cluster as cluster_lib  # Light; kept next to its one use here.
-
         cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
     keras_fixes.install()
     strategy = chosen.factory(device_set, **options)
@@ -340,12 +339,12 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
 _IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
 
-def _multi_worker_setup(devices: devices_lib.DeviceSet, implementation: str, cluster: str,
-                        worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int]
-                        ) -> dict[str, Any]:
-    """The checked cluster resolver and communication options of a multi-worker strategy."""
-    from tfpar import cluster as cluster_lib  # Only multi-worker runs need it.
 
+def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
+                       implementation: str, cluster: str,
+                       worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int],
+                       cluster_timeout: float, **extra) -> tf.distribute.Strategy:
+    """Checks the options, waits for the cluster (see ``cluster.connect``), builds the strategy."""
     if implementation not in _IMPLEMENTATIONS:
         raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
                             f"{', '.join(_IMPLEMENTATIONS)}.")
@@ -355,33 +354,42 @@ def _multi_worker_setup(devices: devices_lib.DeviceSet, implementation: str, clu
     if not devices.is_gpu_only and len(devices) != 1:
         raise RegistryError("On CPUs each multi_worker process runs one replica; use one device "
                             f"per worker and more workers. Received: {devices}.")
+    if isinstance(cluster_timeout, bool) or not (isinstance(cluster_timeout, (int, float))
+                                                 and cluster_timeout > 0):
+        raise ConfigError(f"cluster_timeout must be a positive number of seconds. Received: "
+                          f"{cluster_timeout!r}.")
+    resolver = cluster_lib.resolver(cluster, worker_hosts, task_index)
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")
     kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
-    return dict(cluster_resolver=cluster_lib.resolver(cluster, worker_hosts, task_index),
-                communication_options=tf.distribute.experimental.CommunicationOptions(
-                    implementation=kind))
+    options = tf.distribute.experimental.CommunicationOptions(implementation=kind)
+    return cluster_lib.connect(
+        lambda: strategy_class(cluster_resolver=resolver, communication_options=options, **extra),
+        resolver, cluster_timeout)
 
 
 @register("multi_worker", multi_process=True)
 def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
                   cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
-                  task_index: Optional[int] = None) -> tf.distribute.Strategy:
+                  task_index: Optional[int] = None,
+                  cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS
+                  ) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        **_multi_worker_setup(devices, implementation, cluster, worker_hosts, task_index))
+    return _make_multi_worker(tf.distribute.MultiWorkerMirroredStrategy, devices, implementation,
+                              cluster, worker_hosts, task_index, cluster_timeout)
 
 
 @register("multi_worker_allreduce", multi_process=True)
 def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str = "auto",
                             cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
                             task_index: Optional[int] = None,
+                            cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS,
                             bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
-    return allreduce_strategy.MultiWorkerAllReduceStrategy(
-        step_options=_step_options("collective", bytes_per_pack, None),
-        **_multi_worker_setup(devices, implementation, cluster, worker_hosts, task_index))
+    return _make_multi_worker(allreduce_strategy.MultiWorkerAllReduceStrategy, devices,
+                              implementation, cluster, worker_hosts, task_index, cluster_timeout,
+                              step_options=_step_options("collective", bytes_per_pack, None))

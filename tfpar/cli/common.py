@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import textwrap
+import threading
+import time
 from typing import Any, Callable, Optional
 
 from absl import app
@@ -15,24 +18,33 @@ from absl import flags
 from tfpar.errors import ConfigError
 from tfpar.errors import TfparError
 
+INTERRUPTED = ("Interrupted. Result files are untouched or complete; with --model_dir, the "
+               "state of the last finished epoch is there: run the same command to resume.")
+# After SIGTERM or Ctrl-C, how long the program may take to stop by itself before it is
+# ended: its main thread can be blocked in TensorFlow (a collective waiting for a worker that
+# has already stopped), where Python cannot raise KeyboardInterrupt.
+STOP_GRACE_SECONDS = 5.0
+_reported = threading.Event()  # The interruption was reported by the main thread.
+
 
 def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-    """Wraps an absl ``main`` so a user error prints one line and exits with status 2."""
+    """Wraps an absl ``main``: a user error prints one line and exits with status 2 (or the
+    error's ``exit_status``); SIGTERM and Ctrl-C stop it with status 130."""
 
     @functools.wraps(main)
     def wrapped(argv):
         # SIGTERM (a scheduler, kill) stops the program as Ctrl-C does: files are written
         # atomically, so only complete results and checkpoints are left behind.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        _end_if_stuck_after_signal()
         try:
             return main(argv)
         except TfparError as e:
             print(f"Error: {e}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(e.exit_status)
         except KeyboardInterrupt:
-            print("Interrupted. Result files are untouched or complete; with --model_dir, the "
-                  "state of the last finished epoch is there: run the same command to resume.",
-                  file=sys.stderr)
+            print(INTERRUPTED, file=sys.stderr, flush=True)
+            _reported.set()
             sys.exit(130)
 
     return wrapped
@@ -40,6 +52,28 @@ def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _end_if_stuck_after_signal() -> None:
+    """Ends the process STOP_GRACE_SECONDS after SIGTERM/SIGINT if it has not stopped by then.
+
+    Python runs signal handlers only between bytecodes of the main thread; its C-level handler
+    also writes the signal number to the wakeup descriptor at once, which a watcher thread reads.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def watch():
+        while os.read(read_end, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
+            pass
+        time.sleep(STOP_GRACE_SECONDS)
+        if not _reported.is_set():
+            print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)", file=sys.stderr,
+                  flush=True)
+        os._exit(130)
+
+    threading.Thread(target=watch, name="tfpar-stop-watch", daemon=True).start()
 
 
 def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:

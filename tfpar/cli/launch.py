@@ -18,7 +18,14 @@ from tfpar.cli import common
 FLAGS = flags.FLAGS
 
 flags.DEFINE_integer("num_workers", 2, "Number of worker processes.", lower_bound=1)
-flags.DEFINE_string("host", "127.0.0.1", "Address the workers bind (loopback by default).")
+flags.DEFINE_enum("network", "private", list(launcher.NETWORKS),
+                  "private: the workers run on a loopback network of their own, which nothing "
+                  "outside the job can reach (and they cannot reach the network: download "
+                  "datasets first; Linux only). host: on this machine's network, where "
+                  "TensorFlow's servers listen on every interface with no authentication "
+                  "(firewall their ports).")
+flags.DEFINE_string("host", "127.0.0.1",
+                    "The workers' address (must be loopback with --network=private).")
 flags.DEFINE_bool("all_output", False,
                   "Every worker prints its progress bars and report; by default only the chief "
                   "(worker 0) does, the others print warnings and errors.")
@@ -27,7 +34,7 @@ flags.DEFINE_bool("all_output", False,
 def main(argv: list[str]) -> None:
     """Launches ``argv[1:]`` (the command after ``--``) as the workers and exits with their status."""
     sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
-                             all_output=FLAGS.all_output))
+                             all_output=FLAGS.all_output, network=FLAGS.network))
 
 
 def run() -> None:

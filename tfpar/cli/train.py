@@ -84,6 +84,9 @@ flags.DEFINE_enum("cluster", "auto", ["auto", "tf_config", "slurm", "flags"],
 flags.DEFINE_list("worker_hosts", None, "'multi_worker*': host:port of every worker.")
 flags.DEFINE_integer("task_index", None,
                      "'multi_worker*': this worker's index in --worker_hosts.")
+flags.DEFINE_float("cluster_timeout", 300.0,
+                   "'multi_worker*': seconds a worker waits for its peers to come up (it says "
+                   "which it is waiting for every few seconds) before giving up.")
 flags.DEFINE_string("model_dir", None,
                     "Save training state here after every epoch (one sub-folder per device "
                     "set), to resume after a crash or kill.")
@@ -106,7 +109,7 @@ HELP_GROUPS = {
     "The hand-written all-reduce step (allreduce)": ("allreduce", "bytes_per_pack",
                                                      "split_weights"),
     "Several workers (multi_worker*)": ("implementation", "cluster", "worker_hosts",
-                                        "task_index"),
+                                        "task_index", "cluster_timeout"),
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
     "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
                                 "model_dir", "resume", "verbose"),
@@ -143,7 +146,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
                                 for w in FLAGS.split_weights) if FLAGS.split_weights else None),
         "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
         "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
-        "task_index": FLAGS.task_index,
+        "task_index": FLAGS.task_index, "cluster_timeout": FLAGS.cluster_timeout,
     }, flag_names={"algorithm": "allreduce"})
     return dataclasses.replace(config, strategy_options=options), device_sets
 
