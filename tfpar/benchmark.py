@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tfpar import atomic_io
 from tfpar import launcher
+from tfpar import private_network
 from tfpar.errors import ConfigError
 
 BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
@@ -235,8 +236,15 @@ class _Processes:
                  profile_steps: int, profile_dir: str):
         self.configuration = configuration
         count = configuration.num_processes
+        namespace = None
         if count > 1 and configuration.strategy != CEILING:
-            environments = [dict(os.environ, TF_CONFIG=c) for c in launcher.tf_configs(count)]
+            try:  # Workers of a job are kept off the network, as the launcher keeps them.
+                namespace = stack.enter_context(private_network.Namespace())
+            except ConfigError:
+                pass  # Not Linux, or no user namespaces: the workers warn about their ports.
+            environments = [dict(os.environ, TF_CONFIG=c,
+                                 **{launcher.PRIVATE_NETWORK_ENV: "1" if namespace else "0"})
+                            for c in launcher.tf_configs(count)]
         else:
             environments = [dict(os.environ)] * count
         self.processes, self.logs = [], []
@@ -250,7 +258,8 @@ class _Processes:
                 command += [str(profile_steps), os.path.join(profile_dir, name)]
             process = subprocess.Popen(
                 command,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                preexec_fn=namespace.enter if namespace else None)
             stack.callback(_end, process)
             self.processes.append(process)
             self.logs.append(log)

@@ -100,7 +100,8 @@ class Namespace:
         self._fds: list[tuple[int, int]] = []
         if not sys.platform.startswith("linux"):
             raise ConfigError("A private network for the workers needs Linux network "
-                              f"namespaces; this is {sys.platform}.")
+                              f"namespaces; this is {sys.platform}. Run them on the host's "
+                              "network instead (network 'host') and firewall their ports.")
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
@@ -112,7 +113,9 @@ class Namespace:
             if said != "ready":
                 raise ConfigError("Cannot make a private network for the workers "
                                   f"({said or 'the helper process failed'}): this system does "
-                                  "not allow user namespaces to this user.")
+                                  "not allow user namespaces to this user. Run them on the "
+                                  "host's network instead (network 'host') and firewall their "
+                                  "ports.")
             kinds = [("net", _CLONE_NEWNET)]
             if os.geteuid() != 0:
                 kinds.insert(0, ("user", _CLONE_NEWUSER))  # Joined first, then its network.
