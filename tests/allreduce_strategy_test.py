@@ -114,6 +114,70 @@ class MixedPrecisionTest(testing.StrategyTestCase):
         self.assertAllClose(before, model.get_weights())
 
 
+class CommunicationOptionsTest(testing.StrategyTestCase):
+
+    @parameterized.product(accumulation_steps=(2, 3), algorithm=("collective", "ring"))
+    def test_accumulation_equals_one_step_on_the_whole_batch(self, accumulation_steps,
+                                                            algorithm):
+        # Batches of 8, 8 and 7 over 2 replicas: shards of 4 (and 4+3) cut into 2 or 3
+        # micro-batches, uneven ones among them (3 -> 2+1, 4 -> 2+1+1, 3 -> 1+1+1).
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(23, batch_size=8),
+            self.strategy("allreduce", 2, algorithm=algorithm,
+                          accumulation_steps=accumulation_steps))
+
+    def test_accumulation_with_more_micro_batches_than_examples(self):
+        # Shards of 1 and 0 examples cut into 4 micro-batches: most are empty.
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(3, batch_size=1),
+            self.strategy("allreduce", 2, accumulation_steps=4))
+
+    @parameterized.product(compression=("fp16", "bf16"), algorithm=("collective", "naive"))
+    def test_compression_equals_single_device_within_its_rounding(self, compression,
+                                                                  algorithm):
+        # bf16 keeps 8 significant bits, fp16 11: one step's relative error is about 2^-8
+        # or 2^-11 of a gradient, times the learning rate.
+        tolerance = {"fp16": 1e-3, "bf16": 1e-2}[compression]
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(16),
+            self.strategy("allreduce", 2, algorithm=algorithm,
+                          gradient_compression=compression), rtol=tolerance, atol=tolerance)
+
+    def test_compression_sends_half_the_bytes(self):
+        calls = []
+        original = allreduce._reduce
+
+        def spy(flats, chosen, context):
+            calls.extend(f.dtype for f in flats)
+            return original(flats, chosen, context)
+
+        strategy = self.strategy("allreduce", 2, gradient_compression="bf16")
+        with strategy.scope():
+            model = compiled(users_model)()
+        with mock.patch.object(allreduce, "_reduce", spy):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+        # The count, then the gradients in bfloat16, then the loss tracker's float32 states,
+        # each by both replicas.
+        self.assertEqual(calls, [dtype for dtype in (tf.float32, tf.bfloat16, tf.float32)
+                                 for _ in range(2)])
+
+    def test_bad_options(self):
+        with self.assertRaisesRegex(ConfigError, r"Unknown gradient_compression 'int8'\. "
+                                                 r"Allowed: none, fp16, bf16"):
+            self.strategy("allreduce", 2, gradient_compression="int8")
+        with self.assertRaisesRegex(ConfigError, r"accumulation_steps must be an integer >= 1\. "
+                                                 r"Received: accumulation_steps=0"):
+            self.strategy("allreduce", 2, accumulation_steps=0)
+
+    def test_keras_gradient_accumulation_is_refused_with_the_alternative(self):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = compiled(users_model, lambda: keras.optimizers.SGD(
+                0.1, gradient_accumulation_steps=2))()
+        with self.assertRaisesRegex(ConfigError, "give the strategy accumulation_steps"):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+
+
 class UnevenDataTest(testing.StrategyTestCase):
 
     @parameterized.named_parameters(
@@ -167,18 +231,21 @@ class OptionsTest(testing.StrategyTestCase):
         original = allreduce._reduce
 
         def spy(flats, chosen, context):
-            calls.append((chosen, len(flats)))
+            calls.append((chosen, [int(f.shape[0]) for f in flats]))
             return original(flats, chosen, context)
 
         strategy = self.strategy("allreduce", 2, algorithm=algorithm, bytes_per_pack=64)
         with strategy.scope():
             model = compiled(users_model)()
         with mock.patch.object(allreduce, "_reduce", spy):
-            model.fit(testing.tiny_dataset(), verbose=0)
-        # The example count (4 bytes) and users_model's variables (10,368, 32, 96 and 12
-        # bytes) in 64-byte buckets: no two neighbours fit together, so 5 buckets (the default
-        # 25 MiB would give 1).
-        self.assertEqual(set(calls), {(algorithm, 5)})
+            model.fit(testing.tiny_dataset(8), verbose=0)
+        # One step, traced once: the example count first (issued before the forward pass),
+        # then users_model's gradients (2,592, 8, 24 and 3 floats) from the last layer to
+        # the first, in 64-byte buckets, each its own reduction (no two neighbours fit
+        # together), then the loss tracker's total and count together.
+        # Both replicas make each call, in step (merge_call synchronises them).
+        expected = [[1], [3], [24], [8], [2592], [2]]
+        self.assertEqual(calls, [(algorithm, sizes) for sizes in expected for _ in range(2)])
 
     def test_steps_per_execution(self):
         # 5 steps run as executions of 3 + 2 must train exactly as 5 single steps.

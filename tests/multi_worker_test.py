@@ -278,15 +278,19 @@ class WaitForPeersTest(tf.test.TestCase):
 
 class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
 
-    @parameterized.parameters(("multi_worker", 24), ("multi_worker_allreduce", 23))
-    def test_two_workers_match_single_process_training(self, name, num_examples):
+    @parameterized.parameters(
+        ("multi_worker", 24), ("multi_worker_allreduce", 23),
+        # Micro-batches of 2+2 and 2+1 (the last batch) accumulated before one all-reduce.
+        ("multi_worker_allreduce", 23, {"accumulation_steps": 2}))
+    def test_two_workers_match_single_process_training(self, name, num_examples, options=None):
         reference = testing.tiny_model()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         final = os.path.join(self.get_temp_dir(), "final.npz")
         np.savez(initial, *reference.get_weights())
         out = io.StringIO()
         status = launcher.launch([sys.executable, os.path.join(HERE, "multi_worker_worker.py"),
-                                  name, initial, final], 2, out=out)
+                                  name, initial, final, json.dumps(options or {})], 2,
+                                 out=out)
         self.assertEqual(status, 0, out.getvalue()[-3000:])
         testing.fit_steps(reference, multi_worker_worker.dataset(num_examples), None)
         for expected, actual in zip(reference.get_weights(), np.load(final).values()):

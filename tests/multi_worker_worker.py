@@ -1,7 +1,7 @@
 """A worker for multi_worker_test: trains with fit under a multi-worker entry, saves the weights.
 
 Usage (through the launcher):
-multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz
+multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON]
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
 
@@ -17,8 +17,8 @@ from tfpar import testing
 from tfpar.cluster import is_chief
 
 
-def main(name: str, initial_path: str, output_path: str) -> None:
-    strategy = strategies.get(name, 1)  # Before any other TensorFlow op.
+def main(name: str, initial_path: str, output_path: str, options: str = "{}") -> None:
+    strategy = strategies.get(name, 1, **json.loads(options))  # Before any other TF op.
     with strategy.scope():
         model = testing.tiny_model()
     model.set_weights(list(np.load(initial_path).values()))

@@ -14,7 +14,10 @@ Every algorithm returns, on every replica, the element-wise sum over replicas of
 
 Tensors are first packed into buckets of at most ``bytes_per_pack`` bytes (one flat tensor per
 bucket and dtype), so the number of reductions does not grow with the number of variables;
-``bytes_per_pack=0`` reduces every tensor on its own.
+``bytes_per_pack=0`` reduces every tensor on its own. Buckets are reduced one by one in the
+order of the tensors given, each as soon as its own tensors exist: given the gradients from
+the last layer to the first, the reductions overlap the rest of the backward pass (PyTorch
+DDP's reverse-order buckets; TensorFlow orders the collectives of a step as they are issued).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def pack(tensors: Sequence[tf.Tensor], bytes_per_pack: int) -> list[list[int]]:
             buckets.append(indices)
             indices, used = [], 0
         open_buckets[t.dtype] = (indices + [i], used + size)
-    buckets.extend(indices for indices, _ in open_buckets.values())
+    buckets.extend(indices for indices, _ in open_buckets.values() if indices)
     return sorted(buckets)
 
 
@@ -92,11 +95,12 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], algorithm: str = "collective",
     if not tensors or context.num_replicas_in_sync == 1:
         return tensors
     buckets = pack(tensors, bytes_per_pack)
-    # Flattening is free (no copy); concatenating a bucket is one copy. All buckets go into one
-    # all-reduce call, so the strategy can batch them.
+    # Flattening is free (no copy); concatenating a bucket is one copy. Each bucket is its own
+    # reduction, issued in the order of `tensors` and depending only on its own tensors, so it
+    # can run as soon as they exist (while, for gradients, the backward pass goes on).
     flats = [tf.concat([tf.reshape(tensors[i], [-1]) for i in bucket], axis=0)
              if len(bucket) > 1 else tf.reshape(tensors[bucket[0]], [-1]) for bucket in buckets]
-    totals = _reduce(flats, algorithm, context)
+    totals = [total for flat in flats for total in _reduce([flat], algorithm, context)]
     reduced = [None] * len(tensors)
     for bucket, total in zip(buckets, totals):
         parts = tf.split(total, [tensors[i].shape.num_elements() for i in bucket]) \

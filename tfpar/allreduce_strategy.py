@@ -50,6 +50,10 @@ from tfpar import allreduce
 from tfpar.errors import ConfigError
 
 
+# The dtypes gradients may travel in (``StepOptions.gradient_compression``).
+COMPRESSIONS = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
+
+
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
     """How the all-reduce step reduces gradients.
@@ -59,11 +63,20 @@ class StepOptions:
         bytes_per_pack: Gradient bucket size in bytes (0: one reduction per variable).
         split_weights: Per-replica shares of each batch (e.g. ``(3, 1)`` for a fast and a slow
             device); an even split when ``None``.
+        gradient_compression: ``"none"``, or ``"fp16"``/``"bf16"``: the gradients travel in
+            that dtype (half the bytes) and are cast back to float32 after the all-reduce.
+            They are divided by the global example count first, so they are in range.
+        accumulation_steps: Each replica's shard of a batch is processed as this many
+            micro-batches, one after the other (activations of one at a time in memory), their
+            gradients summed locally, then all-reduced once: the update is exactly one step on
+            the whole batch, with one all-reduce per ``accumulation_steps`` micro-batches.
     """
 
     algorithm: str = "collective"
     bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK
     split_weights: Optional[tuple[float, ...]] = None
+    gradient_compression: str = "none"
+    accumulation_steps: int = 1
 
     def check(self, num_replicas: int, num_local_replicas: int) -> None:
         """Raises for options that cannot run on this many replicas.
@@ -73,6 +86,13 @@ class StepOptions:
             ConfigError: For a bad ``bytes_per_pack`` or ``split_weights``.
         """
         allreduce.check_algorithm(self.algorithm)
+        if self.gradient_compression not in COMPRESSIONS:
+            raise ConfigError(f"Unknown gradient_compression {self.gradient_compression!r}. "
+                              f"Allowed: {', '.join(COMPRESSIONS)}.")
+        if (isinstance(self.accumulation_steps, bool)
+                or not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1):
+            raise ConfigError("accumulation_steps must be an integer >= 1. Received: "
+                              f"accumulation_steps={self.accumulation_steps!r}.")
         if (isinstance(self.bytes_per_pack, bool) or not isinstance(self.bytes_per_pack, int)
                 or self.bytes_per_pack < 0):
             raise ConfigError("bytes_per_pack must be an integer >= 0 (0: one reduction per "
@@ -136,8 +156,11 @@ def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer]) -> None:
     }
     used = [name for name, value in unsupported.items() if value]
     if used:
+        hint = (" For gradient accumulation, give the strategy accumulation_steps instead "
+                "(exact, and one all-reduce per accumulated batch)."
+                if "gradient_accumulation_steps" in used else "")
         raise ConfigError(f"The all-reduce step does not support optimizer {', '.join(used)}. "
-                          "Use an optimizer without it, or the 'mirrored' strategy.")
+                          f"Use an optimizer without it, or the 'mirrored' strategy.{hint}")
 
 
 def _clip(optimizer: keras.optimizers.Optimizer, grads: list) -> list:
@@ -172,8 +195,27 @@ def _synchronizes(layer: keras.layers.Layer) -> bool:
         _synchronizes(inner) for inner in getattr(layer, "layers", ()))
 
 
+def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]]:
+    """Splits this replica's shard into ``k`` consecutive micro-batches (sizes differ by <= 1)."""
+    if k == 1:
+        return [(data, count)]
+    sizes = split_sizes(tf.cast(count, tf.int32), [1.0] * k)
+    starts = tf.cumsum(sizes, exclusive=True)
+    return [(tree.map_structure(lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]],
+                                data), tf.cast(sizes[j], tf.float32)) for j in range(k)]
+
+
 def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]:
     """One exact data-parallel training step on this replica's shard (a replica context).
+
+    The order of work, so that communication hides behind computation::
+
+        all-reduce the example count   (tiny; issued first, runs during the forward pass)
+        forward, backward              (per micro-batch, one after the other, summed locally)
+        scale by 1 / global count      (then cast to the compression dtype, if any)
+        all-reduce the gradients       (buckets from the last layer to the first, each issued
+                                        as soon as its gradients exist) and the metrics' states
+        clip, update                   (identical on every replica)
 
     Args:
         model: A compiled model built in the strategy's scope.
@@ -194,10 +236,13 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     context = tf.distribute.get_replica_context()
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
+    # Issued before the model runs and needed only after the backward pass.
+    total = allreduce.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
+                                     options.bytes_per_pack)[0][0]
     variables = model.trainable_variables
     present = []  # Indices of the variables that get a gradient (known once traced).
 
-    def forward_backward():
+    def forward_backward(x, y, sample_weight, count):
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             mean = tf.cast(_local_mean_loss(model, x, y, y_pred, sample_weight), tf.float32)
@@ -211,7 +256,8 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         grads = tape.gradient(objective, variables)
         if loss_scale is not None:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
-        present.extend(i for i, g in enumerate(grads) if g is not None)
+        if not present:
+            present.extend(i for i, g in enumerate(grads) if g is not None)
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
         # mean. No public API updates the loss Keras logs; fit reads and resets this tracker
         # itself (Keras 3.0-3.15), and the per-step loss tests fail without this update.
@@ -225,26 +271,38 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         # an empty batch).
         return [tf.zeros_like(variables[i]) for i in present]
 
-    if _synchronizes(model):
-        # Layers that all-reduce inside the forward pass (synchronized BatchNormalization)
-        # cannot sit in a conditional branch, so every replica runs the model.
-        grads = forward_backward()
-    else:
-        # tf.cond traces forward_backward first, which fills `present` for empty_shard.
-        grads = tf.cond(count > 0, forward_backward, empty_shard)
-    # The example count and the metrics' states (the epoch's running totals of this replica)
-    # travel in the same all-reduce as the gradients: summed, they are the global batch's.
-    metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
-    flat_states = [value for states in metric_states for value in states]
-    reduced = allreduce.all_reduce_sum([tf.reshape(count, [1])] + flat_states + list(grads),
-                                       options.algorithm, options.bytes_per_pack)
-    total = reduced[0][0]
-    reduced_states = reduced[1:1 + len(flat_states)]
-    reduced_grads = reduced[1 + len(flat_states):]
+    grads = None
+    for micro, micro_count in _micro_batches((x, y, sample_weight), count,
+                                             options.accumulation_steps):
+        # One micro-batch after the other: the next starts once this one's gradients exist.
+        with tf.control_dependencies(grads or []):
+            if _synchronizes(model):
+                # Layers that all-reduce inside the forward pass (synchronized
+                # BatchNormalization) cannot sit in a conditional branch.
+                step_grads = forward_backward(*micro, micro_count)
+            else:
+                # tf.cond traces forward_backward first, which fills `present`.
+                step_grads = tf.cond(micro_count > 0,
+                                     lambda: forward_backward(*micro, micro_count), empty_shard)
+        grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
+    # Scaled to the global mean before the all-reduce (exact: every replica divides by the
+    # same global count), so compressed gradients are in range and the sum needs no division.
     scale = 1.0 / tf.maximum(total, 1.0)
     if loss_scale is not None:
         scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
-    reduced_grads = [g * tf.cast(scale, g.dtype) for g in reduced_grads]
+    wire = COMPRESSIONS[options.gradient_compression]
+    sent = [g * tf.cast(scale, g.dtype) for g in grads]
+    if wire is not None:
+        sent = [tf.cast(g, wire) if g.dtype.is_floating else g for g in sent]
+    # The metrics' states (the epoch's running totals of this replica) travel with the
+    # gradients: summed, they are the global batch's.
+    metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
+    flat_states = [value for states in metric_states for value in states]
+    # From the last layer to the first: the order the backward pass produces them in.
+    reduced = allreduce.all_reduce_sum(sent[::-1] + flat_states, options.algorithm,
+                                       options.bytes_per_pack)
+    reduced_grads = [tf.cast(r, g.dtype) for r, g in zip(reduced[:len(sent)][::-1], grads)]
+    reduced_states = reduced[len(sent):]
     # Identical on every replica, since the gradients were all-reduced. Only loss scaling
     # needs it (it is a pass over every gradient).
     finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])

@@ -30,6 +30,8 @@ class TrainConfig:
         lr: Learning rate.
         scale_with_devices: Multiply batch size and learning rate by the number of devices
             (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
+        warmup_epochs: Epochs over which the learning rate rises linearly to its value, from
+            ``lr`` with ``scale_with_devices`` on several devices, else from 0 (0: none).
         optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
         momentum: SGD momentum (0 is the seeds' plain SGD).
         epochs: Training epochs.
@@ -64,6 +66,7 @@ class TrainConfig:
     batch_size: int = 64
     lr: float = 0.05
     scale_with_devices: bool = False
+    warmup_epochs: float = 0.0
     optimizer: str = "sgd"
     momentum: float = 0.9
     epochs: int = 10
@@ -86,6 +89,9 @@ class TrainConfig:
                f"batch_size must be an integer >= 1. Received: batch_size={self.batch_size!r}.")
         _check(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
                f"lr must be a finite number > 0. Received: lr={self.lr!r}.")
+        _check(isinstance(self.warmup_epochs, (int, float)) and not isinstance(
+                   self.warmup_epochs, bool) and 0 <= self.warmup_epochs < math.inf,
+               f"warmup_epochs must be a number >= 0. Received: {self.warmup_epochs!r}.")
         _check(isinstance(self.epochs, int) and self.epochs >= 1,
                f"epochs must be an integer >= 1. Received: epochs={self.epochs!r}.")
         _check(self.optimizer in OPTIMIZERS,
@@ -109,6 +115,11 @@ class TrainConfig:
         if self.scale_with_devices:
             return self.batch_size * num_devices, self.lr * num_devices
         return self.batch_size, self.lr
+
+    def warmup_start(self, num_devices: int) -> float:
+        """The learning rate that warm-up starts from: the single-device ``lr`` when it is
+        scaled with the devices (Goyal et al.), else 0."""
+        return self.lr if self.scale_with_devices and num_devices > 1 else 0.0
 
 
 def _check(ok: bool, message: str) -> None:

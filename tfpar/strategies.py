@@ -320,20 +320,24 @@ _REGISTRY["central_storage"] = StrategyEntry(
     logs_exact_loss=False)
 
 
-def _step_options(algorithm, bytes_per_pack, split_weights) -> allreduce_strategy.StepOptions:
+def _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
+                  accumulation_steps) -> allreduce_strategy.StepOptions:
     return allreduce_strategy.StepOptions(
-        algorithm, bytes_per_pack, None if split_weights is None else tuple(split_weights))
+        algorithm, bytes_per_pack, None if split_weights is None else tuple(split_weights),
+        gradient_compression, accumulation_steps)
 
 
 @register("allreduce")
 def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
                split_weights: Optional[tuple[float, ...]] = None,
+               gradient_compression: str = "none", accumulation_steps: int = 1,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
     """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
     return allreduce_strategy.AllReduceStrategy(
         devices.tf_names, make_cross_device_ops(cross_device_ops, devices),
-        _step_options(algorithm, bytes_per_pack, split_weights))
+        _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
+                      accumulation_steps))
 
 
 _IMPLEMENTATIONS = ("auto", "ring", "nccl")
@@ -343,7 +347,8 @@ _IMPLEMENTATIONS = ("auto", "ring", "nccl")
 def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
                        implementation: str, cluster: str,
                        worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int],
-                       cluster_timeout: float, **extra) -> tf.distribute.Strategy:
+                       cluster_timeout: float, bytes_per_pack: int = 0,
+                       **extra) -> tf.distribute.Strategy:
     """Checks the options, waits for the cluster (see ``cluster.connect``), builds the strategy."""
     if implementation not in _IMPLEMENTATIONS:
         raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
@@ -365,7 +370,12 @@ def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
     kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
-    options = tf.distribute.experimental.CommunicationOptions(implementation=kind)
+    if (isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int)
+            or bytes_per_pack < 0):
+        raise ConfigError("bytes_per_pack must be an integer >= 0 (0: one all-reduce of every "
+                          f"gradient). Received: bytes_per_pack={bytes_per_pack!r}.")
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack,
+                                                              implementation=kind)
     return cluster_lib.connect(
         lambda: strategy_class(cluster_resolver=resolver, communication_options=options, **extra),
         resolver, cluster_timeout)
@@ -375,11 +385,15 @@ def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
 def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
                   cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
                   task_index: Optional[int] = None,
-                  cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS
+                  cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS,
+                  bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK
                   ) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
+    # TensorFlow packs the gradients from the last layer to the first into buckets of this
+    # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
     return _make_multi_worker(tf.distribute.MultiWorkerMirroredStrategy, devices, implementation,
-                              cluster, worker_hosts, task_index, cluster_timeout)
+                              cluster, worker_hosts, task_index, cluster_timeout,
+                              bytes_per_pack=bytes_per_pack)
 
 
 @register("multi_worker_allreduce", multi_process=True)
@@ -387,9 +401,12 @@ def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str 
                             cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
                             task_index: Optional[int] = None,
                             cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS,
-                            bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK
+                            bytes_per_pack: int = allreduce.DEFAULT_BYTES_PER_PACK,
+                            gradient_compression: str = "none", accumulation_steps: int = 1
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
     return _make_multi_worker(allreduce_strategy.MultiWorkerAllReduceStrategy, devices,
                               implementation, cluster, worker_hosts, task_index, cluster_timeout,
-                              step_options=_step_options("collective", bytes_per_pack, None))
+                              step_options=_step_options("collective", bytes_per_pack, None,
+                                                         gradient_compression,
+                                                         accumulation_steps))

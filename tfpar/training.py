@@ -26,6 +26,7 @@ from tfpar import evaluation
 from tfpar import models
 from tfpar import profiling
 from tfpar import replica_statistics
+from tfpar import schedules
 from tfpar import strategies
 from tfpar import timing
 from tfpar.config import DTYPES  # noqa: F401  (tfpar.training.DTYPES)
@@ -76,15 +77,25 @@ class RunResult:
         return dataclasses.asdict(self)
 
 
-def make_optimizer(config: TrainConfig, lr: float) -> keras.optimizers.Optimizer:
-    """Returns the configured Keras optimizer with learning rate ``lr``."""
+def make_optimizer(config: TrainConfig, lr: float, warmup_start: float = 0.0,
+                   steps_per_epoch: int = 1) -> keras.optimizers.Optimizer:
+    """Returns the configured Keras optimizer with learning rate ``lr``.
+
+    With ``config.warmup_epochs``, the rate rises linearly from ``warmup_start`` to ``lr``
+    over that many epochs of ``steps_per_epoch`` steps.
+    """
+    rate = lr
+    if config.warmup_epochs:
+        rate = schedules.LinearWarmup(warmup_start, lr,
+                                      max(1, round(config.warmup_epochs * steps_per_epoch)))
     if config.optimizer == "adam":
-        return keras.optimizers.Adam(lr)
-    return keras.optimizers.SGD(lr, momentum=config.momentum)
+        return keras.optimizers.Adam(rate)
+    return keras.optimizers.SGD(rate, momentum=config.momentum)
 
 
 def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
-                         strategy: tf.distribute.Strategy, lr: float) -> keras.Model:
+                         strategy: tf.distribute.Strategy, lr: float,
+                         warmup_start: float = 0.0, steps_per_epoch: int = 1) -> keras.Model:
     """Builds and compiles the configured model under ``strategy``'s scope.
 
     The dtype policy is in force while the model is built (layers keep it) and restored after.
@@ -94,6 +105,8 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
         splits: The dataset (its image shape and classes shape the model).
         strategy: The strategy.
         lr: Learning rate.
+        warmup_start: Where ``config.warmup_epochs`` of warm-up start from.
+        steps_per_epoch: Steps of an epoch (for the warm-up).
 
     Raises:
         DatasetError: If the dataset's images do not fit the model.
@@ -106,7 +119,7 @@ def build_compiled_model(config: TrainConfig, splits: data_lib.Splits,
             model = models.build(config.model, num_classes=splits.num_classes,
                                  input_shape=splits.image_shape, **kwargs)
             data_lib.check_image_shape(splits, model.input_shape[1:])
-            model.compile(optimizer=make_optimizer(config, lr),
+            model.compile(optimizer=make_optimizer(config, lr, warmup_start, steps_per_epoch),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], jit_compile=config.jit_compile,
                           steps_per_execution=config.steps_per_execution)
@@ -166,7 +179,9 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    model = build_compiled_model(config, splits, strategy, lr)
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
+    model = build_compiled_model(config, splits, strategy, lr,
+                                 config.warmup_start(len(device_set)), steps_per_epoch)
     timer = timing.EpochTimer(splits.num_train)
     loss_guard = StopOnNonFiniteLoss()
     user_callbacks, callbacks = list(callbacks), [timer, loss_guard]
@@ -201,7 +216,6 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
                     verbose=(config.verbose if cluster.is_chief(strategy)
                              or not config.chief_only_progress else 0), shuffle=False)
-    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     if steps_per_epoch % config.steps_per_execution == 0:
         train = data_lib.epoch_stream(splits.train, splits.num_train, batch_size,
                                       seed=config.seed, first_epoch=initial_epoch)

@@ -44,6 +44,9 @@ flags.DEFINE_float("lr", 0.05, "Learning rate.")
 flags.DEFINE_bool("scale_with_devices", False,
                   "Multiply --batch_size and --lr by the number of devices of each set "
                   "(the seeds: 256/0.1 on one GPU, 512/0.2 on two).")
+flags.DEFINE_float("warmup_epochs", 0.0,
+                   "Raise the learning rate linearly over this many epochs: from --lr to the "
+                   "scaled rate with --scale_with_devices (Goyal et al.), else from 0.")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_float("momentum", 0.9, "SGD momentum (0 gives the seeds' plain SGD).")
 flags.DEFINE_integer("epochs", 10, "Training epochs.")
@@ -57,8 +60,17 @@ flags.DEFINE_enum("cross_device_ops", "auto",
 flags.DEFINE_enum("allreduce", "collective", ["collective", "naive", "ring"],
                   "All-reduce algorithm of the 'allreduce' strategy's hand-written step.")
 flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
-                     "'allreduce', 'multi_worker_allreduce': gradient bucket size in bytes (0: "
-                     "one reduction per variable).")
+                     "'allreduce', 'multi_worker*': gradient bucket size in bytes; buckets are "
+                     "all-reduced from the last layer to the first, each as soon as it is "
+                     "ready, overlapping the backward pass ('allreduce*': 0 is one reduction "
+                     "per variable; 'multi_worker': 0 is one reduction after the whole "
+                     "backward pass).")
+flags.DEFINE_enum("gradient_compression", "none", ["none", "fp16", "bf16"],
+                  "'allreduce*': the dtype gradients travel in (cast back to float32 after).")
+flags.DEFINE_integer("accumulation_steps", 1,
+                     "'allreduce*': process each replica's share of a batch as this many "
+                     "micro-batches, one after the other, with one all-reduce per batch "
+                     "(exactly one step on the whole --batch_size).")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
 flags.DEFINE_enum("dtype", "float32", list(config_lib.DTYPES),
                   "Keras dtype policy; mixed_float16 trains with dynamic loss scaling.")
@@ -103,11 +115,13 @@ flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line p
 # How --help groups the flags (every flag of this module appears in exactly one group).
 HELP_GROUPS = {
     "What to train": ("model", "dataset", "data_dir", "epochs", "batch_size", "lr",
-                      "scale_with_devices", "optimizer", "momentum", "seed", "dtype"),
+                      "scale_with_devices", "warmup_epochs", "optimizer", "momentum", "seed",
+                      "dtype"),
     "Devices and strategy": ("strategy", "list_strategies", "num_devices", "devices",
                              "cross_device_ops", "sync_batchnorm"),
-    "The hand-written all-reduce step (allreduce)": ("allreduce", "bytes_per_pack",
-                                                     "split_weights"),
+    "The hand-written all-reduce step (allreduce*)": ("allreduce", "bytes_per_pack",
+                                                      "gradient_compression",
+                                                      "accumulation_steps", "split_weights"),
     "Several workers (multi_worker*)": ("implementation", "cluster", "worker_hosts",
                                         "task_index", "cluster_timeout"),
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
@@ -128,7 +142,8 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     config = config_lib.TrainConfig(
         strategy=FLAGS.strategy, model=FLAGS.model,
         dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
-        lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices, optimizer=FLAGS.optimizer,
+        lr=FLAGS.lr, scale_with_devices=FLAGS.scale_with_devices,
+        warmup_epochs=FLAGS.warmup_epochs, optimizer=FLAGS.optimizer,
         momentum=FLAGS.momentum, epochs=FLAGS.epochs, seed=FLAGS.seed,
         sync_batchnorm=FLAGS.sync_batchnorm, verbose=FLAGS.verbose,
         # The launcher's --all_output reaches the workers through their environment.
@@ -142,6 +157,8 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     options = common.strategy_options(FLAGS.strategy, {
         "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
         "bytes_per_pack": FLAGS.bytes_per_pack,
+        "gradient_compression": FLAGS.gradient_compression,
+        "accumulation_steps": FLAGS.accumulation_steps,
         "split_weights": (tuple(common.parse_positive_float("--split_weights", w)
                                 for w in FLAGS.split_weights) if FLAGS.split_weights else None),
         "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
