@@ -38,17 +38,41 @@ class TableTest(tf.test.TestCase):
         rows = benchmark.table(measurements, epoch_examples=900).splitlines()
         self.assertEqual(rows[0].split(), ["model", "strategy", "devices", "threads", "images/s",
                                            "worst", "best", "steal", "GFLOP/s", "sec/epoch",
-                                           "all-reduce", "speedup", "efficiency", "vs", "first",
-                                           "vs", "keras"])
+                                           "all-reduce", "in", "step", "speedup", "efficiency",
+                                           "vs", "first", "vs", "keras"])
         self.assertRegex(rows[2], r"^lenet +keras +\[CPU:0\] +- +100\.0 +50\.0 +100\.0 +0% ")
         # mirrored on 2: median 150 images/s * 2e7 FLOPs = 3 GFLOP/s, 900 / 150 = 6 s/epoch;
         # all-reduce share of a step (8 images): 0.01 s * 150 / 8, 0.02 * 60 / 8, 0.01 * 160 / 8
         # -> median 19%; speedup over 1 device 1.6x, efficiency 0.8; vs keras: 1.5, 1.2, 1.6
         # -> 1.5.
         self.assertRegex(rows[4], r"mirrored +\[CPU:0, CPU:1\] +1 +150\.0 +60\.0 +160\.0 +0% +3\.0 "
-                                  r"+6\.0 +19% +1\.60x +0\.80 +1\.000 +1\.500$")
+                                  r"+6\.0 +19% +- +1\.60x +0\.80 +1\.000 +1\.500$")
         # allreduce over mirrored on the same devices: 1.1, 1.1, 1.0 -> 1.1.
         self.assertRegex(rows[5], r"allreduce .* 1\.100 +1\.600$")
+
+
+    def test_communication_in_step(self):
+        # With its all-reduce the step runs at 80, 45, 90 images/s; without it, in the same
+        # rounds, at 100, 50, 100: per-round ratios 0.8, 0.9, 0.9 -> the all-reduce takes 10%.
+        with_it = Measurement(Configuration("allreduce", 2, "lenet", 8), ["CPU:0", "CPU:1"], 0,
+                              [80.0, 45.0, 90.0], [0.0] * 3)
+        alone = Measurement(Configuration("allreduce", 2, "lenet", 8, communication=False),
+                            ["CPU:0", "CPU:1"], 0, [100.0, 50.0, 100.0], [0.0] * 3)
+        rows = benchmark.table([with_it, alone]).splitlines()
+        self.assertRegex(rows[2], r"^lenet +allreduce +\[CPU:0, CPU:1\] .* 0% +10% +1\.00x")
+        self.assertRegex(rows[3], r"^lenet +allreduce\(no all-reduce\) .* 0% +- +1\.00x")
+
+    def test_accumulation_multiplies_the_step_batch(self):
+        configuration = Configuration("allreduce", 2, "lenet", 64,
+                                      options=(("accumulation_steps", 4),))
+        self.assertEqual(configuration.step_batch_size, 256)
+
+    def test_the_sweep_adds_runs_without_communication_for_the_allreduce_step(self):
+        sweep = benchmark.configurations(["mirrored", "allreduce"], [2], ["lenet"], 64,
+                                         communication_share=True)
+        self.assertEqual([(c.label, c.communication) for c in sweep],
+                         [("mirrored", True), ("allreduce", True),
+                          ("allreduce(no all-reduce)", False)])
 
 
 class FilesTest(tf.test.TestCase):

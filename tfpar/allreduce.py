@@ -22,7 +22,8 @@ DDP's reverse-order buckets; TensorFlow orders the collectives of a step as they
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import tensorflow as tf
 
@@ -74,6 +75,23 @@ def pack(tensors: Sequence[tf.Tensor], bytes_per_pack: int) -> list[list[int]]:
     return sorted(buckets)
 
 
+_communicating = [True]
+
+
+@contextlib.contextmanager
+def without_communication() -> Iterator[None]:
+    """Steps traced inside reduce nothing: each replica keeps its own tensors.
+
+    For measurement only (the benchmark times a step with and without its all-reduce): the
+    replicas' weights drift apart, so nothing trained this way is meaningful.
+    """
+    _communicating.append(False)
+    try:
+        yield
+    finally:
+        _communicating.pop()
+
+
 def all_reduce_sum(tensors: Sequence[tf.Tensor], algorithm: str = "collective",
                    bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> list[tf.Tensor]:
     """Sums each tensor over all replicas; call it in a replica context (``strategy.run``).
@@ -92,7 +110,7 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], algorithm: str = "collective",
     check_algorithm(algorithm)
     tensors = list(tensors)
     context = tf.distribute.get_replica_context()
-    if not tensors or context.num_replicas_in_sync == 1:
+    if not tensors or context.num_replicas_in_sync == 1 or not _communicating[-1]:
         return tensors
     buckets = pack(tensors, bytes_per_pack)
     # Flattening is free (no copy); concatenating a bucket is one copy. Each bucket is its own

@@ -52,7 +52,9 @@ class Configuration:
         num_devices: Replicas: logical devices in one process, or worker processes of one
             device each for multi-process strategies (``multi_worker``).
         model: Model name.
-        batch_size: Global batch size (over all replicas).
+        batch_size: Global batch size (over all replicas) of one forward and backward pass;
+            with ``accumulation_steps`` k among the options, each step (one update) trains k
+            such micro-batches (see :attr:`step_batch_size`).
         threads_per_device: Intra-op threads of each device; ignored by ``"keras"``, which
             keeps TensorFlow's defaults (every core).
         dtype: Keras dtype policy.
@@ -60,6 +62,9 @@ class Configuration:
         steps_per_execution: Steps per compiled call.
         warmup_steps: Unmeasured steps after building (tracing, allocator warm-up).
         image_shape: Synthetic image shape.
+        communication: ``False`` runs tfpar's all-reduce step without its all-reduce (a
+            measurement of the step's computation alone; see
+            ``tfpar.allreduce.without_communication``).
     """
 
     strategy: str
@@ -73,6 +78,7 @@ class Configuration:
     steps_per_execution: int = 1
     warmup_steps: int = 3
     image_shape: tuple[int, ...] = (28, 28, 1)
+    communication: bool = True
 
     @property
     def num_processes(self) -> int:
@@ -87,11 +93,16 @@ class Configuration:
         return self.num_devices if strategies.entry(self.strategy).multi_process else 1
 
     @property
+    def step_batch_size(self) -> int:
+        """Images of one step (one update): ``batch_size`` times the accumulation steps."""
+        return self.batch_size * dict(self.options).get("accumulation_steps", 1)
+
+    @property
     def label(self) -> str:
         """The strategy with its options, e.g. ``allreduce(algorithm=ring)``."""
-        if not self.options:
-            return self.strategy
-        return f"{self.strategy}({','.join(f'{k}={v}' for k, v in self.options)})"
+        parts = [f"{k}={v}" for k, v in self.options] + (
+            [] if self.communication else ["no all-reduce"])
+        return f"{self.strategy}({','.join(parts)})" if parts else self.strategy
 
     def to_json(self) -> str:
         """The configuration as JSON (the worker's command-line argument)."""
@@ -159,7 +170,7 @@ class Measurement:
     def all_reduce_share(self) -> float:
         """Median over rounds of the all-reduce's share of a step's time."""
         return statistics.median(
-            seconds * ips / self.configuration.batch_size
+            seconds * ips / self.configuration.step_batch_size
             for seconds, ips in zip(self.all_reduce_seconds, self.images_per_second))
 
     @property
@@ -183,7 +194,7 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
                    threads_per_device: Optional[int] = None, baseline: bool = False,
                    ceiling: bool = False,
                    strategy_options: Optional[Mapping[str, Sequence[Any]]] = None,
-                   **options) -> list[Configuration]:
+                   communication_share: bool = False, **options) -> list[Configuration]:
     """The sweep: every model x strategy (x its options) x device count, plain Keras first.
 
     Args:
@@ -204,6 +215,9 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
             "naive"]}``: every strategy whose registry entry takes an option is measured once
             per combination of the values given for its options.
+        communication_share: Also every configuration of an entry that runs tfpar's
+            all-reduce step (its options include ``accumulation_steps``) without the
+            all-reduce, so the table shows the communication's share of a step in context.
         **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
 
     Returns:
@@ -214,9 +228,19 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
     sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
              for m in model_names] if baseline else []
     variants = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
-    variants += [(CEILING, ())] if ceiling else []
-    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o, **options)
-                    for m in model_names for s, o in variants for n in device_counts]
+    variants = [(s, o, True) for s, o in variants] + (
+        [(s, o, False) for s, o in variants if _runs_the_allreduce_step(s)]
+        if communication_share else [])
+    variants += [(CEILING, (), True)] if ceiling else []
+    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o,
+                                  communication=c, **options)
+                    for m in model_names for s, o, c in variants for n in device_counts]
+
+
+def _runs_the_allreduce_step(strategy: str) -> bool:
+    from tfpar import strategies  # Imports TensorFlow; the rest of this module does not.
+
+    return "accumulation_steps" in strategies.entry(strategy).options()
 
 
 def _option_sets(strategy: str, values: Mapping[str, Sequence[Any]]
@@ -287,7 +311,7 @@ class _Processes:
             process.stdin.write(f"RUN {steps}\n")
             process.stdin.flush()
         replies = [self._reply(i, "DONE").split() for i in range(len(self.processes))]
-        batch = self.configuration.batch_size
+        batch = self.configuration.step_batch_size
         if self.configuration.strategy == CEILING:
             batch //= len(self.processes)
         rates = [int(measured_steps) * batch / float(seconds)
@@ -389,15 +413,20 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
         keras_run = next((o for o in measurements
                           if o.strategy == BASELINE and o.model == m.model), None)
         c = m.configuration
+        # The same configuration without its all-reduce, measured in the same rounds.
+        alone = next((o for o in measurements if not o.configuration.communication
+                      and o.configuration == dataclasses.replace(c, communication=False)),
+                     None) if c.communication else None
         rows.append({"model": m.model, "strategy": m.strategy, "num_devices": len(m.devices),
                      "devices": " ".join(m.devices),
                      "threads_per_device": 0 if m.strategy == BASELINE else c.threads_per_device,
-                     "batch_size": c.batch_size, "dtype": c.dtype,
+                     "batch_size": c.step_batch_size, "dtype": c.dtype,
                      "images_per_second": m.median, "worst_images_per_second": m.worst,
                      "best_images_per_second": m.best, "spread": m.spread,
                      "steal": statistics.median(m.steal_fraction) if m.steal_fraction else 0.0,
                      "gflops_per_second": m.gflops_per_second,
                      "all_reduce_share": m.all_reduce_share,
+                     "communication_in_step": (1 - paired_ratio(m, alone)) if alone else None,
                      "speedup": speedup,
                      "efficiency": speedup * len(base.devices) / len(m.devices),
                      "vs_first": paired_ratio(m, first),
@@ -468,20 +497,24 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
     round; the worst and best rounds beside it, so a configuration that alternates between
     two speeds shows at a glance), the machine's steal share (median over rounds), achieved training
     GFLOP/s, sec/epoch for ``epoch_examples`` images, the share of a step's time that one
-    all-reduce of the gradients takes when timed alone (communication), speedup over the same
+    all-reduce of the gradients takes when timed alone (communication), the share it takes in
+    context ("in step": 1 - the paired ratio to the same configuration without its all-reduce,
+    where that was measured; what overlap did not hide), speedup over the same
     strategy and model on its smallest device count, scaling efficiency (speedup / devices),
     the ratio to the first strategy on the same device count and model (e.g. allreduce /
     mirrored), and to the plain Keras baseline. Ratios are paired: medians of per-round ratios.
     """
     header = ("model", "strategy", "devices", "threads", "images/s", "worst", "best", "steal",
-              "GFLOP/s", "sec/epoch", "all-reduce", "speedup", "efficiency", "vs first",
-              "vs keras")
+              "GFLOP/s", "sec/epoch", "all-reduce", "in step", "speedup", "efficiency",
+              "vs first", "vs keras")
     rows = [header]
     for m, r in zip(measurements, _rows(measurements)):
         rows.append((m.model, m.strategy, f"[{', '.join(m.devices)}]",
                      str(r["threads_per_device"] or "-"), f"{m.median:.1f}", f"{m.worst:.1f}",
                      f"{m.best:.1f}", f"{100 * r['steal']:.0f}%", f"{m.gflops_per_second:.1f}",
                      f"{epoch_examples / m.median:.1f}", f"{100 * m.all_reduce_share:.0f}%",
+                     "-" if r["communication_in_step"] is None
+                     else f"{100 * r['communication_in_step']:.0f}%",
                      f"{r['speedup']:.2f}x",
                      f"{r['efficiency']:.2f}", f"{r['vs_first']:.3f}",
                      "-" if r["vs_keras"] is None else f"{r['vs_keras']:.3f}"))

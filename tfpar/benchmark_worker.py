@@ -31,6 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfpar import allreduce
 from tfpar import data as data_lib
 from tfpar import devices as devices_lib
 from tfpar import flops
@@ -74,13 +75,16 @@ class _Trainer:
             devices_lib.ensure_logical_cpus(local_devices, config.threads_per_device)
             device_set = devices_lib.resolve(local_devices)
             self.strategy = strategies.get(config.strategy, device_set, **dict(config.options))
+            if not config.communication:  # Traced (at the first step) without the all-reduce.
+                self._no_communication = allreduce.without_communication()
+                self._no_communication.__enter__()
             devices = training.replica_devices(self.strategy, device_set)
             training.check_compile_options(train_config, self.strategy, device_set)
         self.model = training.build_compiled_model(
             train_config, _shape_only_splits(config.image_shape), self.strategy, lr=0.01)
         # An independent process trains one replica's share of the global batch.
         batch = (config.batch_size // config.num_devices if config.strategy == CEILING
-                 else config.batch_size)
+                 else config.step_batch_size)
         rng = np.random.default_rng(0)
         images = rng.random((batch, *config.image_shape), dtype=np.float32)
         labels = rng.integers(0, 10, batch).astype(np.int32)

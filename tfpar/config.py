@@ -26,7 +26,9 @@ class TrainConfig:
         model: Model name (see ``tfpar.models.available()``).
         dataset: Dataset name (see ``tfpar.data.available()``).
         data_dir: TFDS data directory.
-        batch_size: Global batch size (over all replicas).
+        batch_size: Global batch size (over all replicas) of a forward and backward pass; a
+            step (one update) trains ``accumulation_steps`` such micro-batches when the
+            strategy takes that option.
         lr: Learning rate.
         scale_with_devices: Multiply batch size and learning rate by the number of devices
             (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
@@ -111,10 +113,15 @@ class TrainConfig:
                f"Received: {self.profile_steps!r}.")
 
     def for_devices(self, num_devices: int) -> tuple[int, float]:
-        """Returns ``(global batch size, learning rate)`` for a set of ``num_devices``."""
+        """Returns ``(global batch size of a step, learning rate)`` for ``num_devices``.
+
+        A step's batch is ``batch_size`` (times the devices with ``scale_with_devices``)
+        times the strategy's ``accumulation_steps``: that many micro-batches of the former.
+        """
+        micro_batches = self.strategy_options.get("accumulation_steps", 1)
         if self.scale_with_devices:
-            return self.batch_size * num_devices, self.lr * num_devices
-        return self.batch_size, self.lr
+            return self.batch_size * num_devices * micro_batches, self.lr * num_devices
+        return self.batch_size * micro_batches, self.lr
 
     def warmup_start(self, num_devices: int) -> float:
         """The learning rate that warm-up starts from: the single-device ``lr`` when it is

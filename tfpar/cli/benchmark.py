@@ -50,6 +50,16 @@ flags.DEFINE_list("allreduce", None,
 flags.DEFINE_list("bytes_per_pack", None,
                   "Gradient bucket sizes in bytes to sweep for the strategies that take one "
                   "(allreduce, multi_worker_allreduce); the entry's default if unset.")
+flags.DEFINE_list("gradient_compression", None,
+                  "Gradient compressions to sweep for the strategies that take one "
+                  "(allreduce*), of none,fp16,bf16; the entry's default if unset.")
+flags.DEFINE_list("accumulation_steps", None,
+                  "Accumulation steps to sweep for the strategies that take them (allreduce*), "
+                  "e.g. 1,4; the entry's default if unset.")
+flags.DEFINE_bool("communication_share", False,
+                  "Also measure every configuration of tfpar's all-reduce step without its "
+                  "all-reduce: the table's 'in step' column is then the communication's share "
+                  "of a step in context (what overlap did not hide).")
 flags.DEFINE_string("output", None, "Write the measurements to this JSON file.")
 flags.DEFINE_string("csv", None, "Write the table to this CSV file.")
 flags.DEFINE_string("plot", None, "Draw images/s and efficiency to this PNG file (matplotlib).")
@@ -64,6 +74,7 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"Unknown model(s) {', '.join(unknown)}. Available models: "
                           f"{', '.join(models.available())}.")
     from tfpar import allreduce  # These import TensorFlow: only once the flags are parsed.
+    from tfpar import allreduce_strategy
     from tfpar import strategies
 
     for name in FLAGS.strategies:
@@ -94,9 +105,19 @@ def main(argv: list[str]) -> None:
     if FLAGS.bytes_per_pack:
         swept["bytes_per_pack"] = [common.parse_count("--bytes_per_pack", n, least=0)
                                    for n in FLAGS.bytes_per_pack]
+    if FLAGS.gradient_compression:
+        for compression in FLAGS.gradient_compression:
+            if compression not in allreduce_strategy.COMPRESSIONS:
+                raise ConfigError(f"Unknown --gradient_compression {compression!r}. Allowed: "
+                                  f"{', '.join(allreduce_strategy.COMPRESSIONS)}.")
+        swept["gradient_compression"] = FLAGS.gradient_compression
+    if FLAGS.accumulation_steps:
+        swept["accumulation_steps"] = [common.parse_count("--accumulation_steps", n)
+                                       for n in FLAGS.accumulation_steps]
     sweep = benchmark.configurations(
         FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
-        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, strategy_options=swept, dtype=FLAGS.dtype,
+        baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, strategy_options=swept,
+        communication_share=FLAGS.communication_share, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         warmup_steps=FLAGS.warmup_steps)
     measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,

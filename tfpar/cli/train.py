@@ -68,9 +68,9 @@ flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
 flags.DEFINE_enum("gradient_compression", "none", ["none", "fp16", "bf16"],
                   "'allreduce*': the dtype gradients travel in (cast back to float32 after).")
 flags.DEFINE_integer("accumulation_steps", 1,
-                     "'allreduce*': process each replica's share of a batch as this many "
-                     "micro-batches, one after the other, with one all-reduce per batch "
-                     "(exactly one step on the whole --batch_size).")
+                     "'allreduce*': each update trains this many micro-batches of "
+                     "--batch_size, one after the other, with one all-reduce: exactly one step "
+                     "on a batch this many times larger, with as many times fewer all-reduces.")
 flags.DEFINE_integer("steps_per_execution", 1, "Training steps per compiled call.")
 flags.DEFINE_enum("dtype", "float32", list(config_lib.DTYPES),
                   "Keras dtype policy; mixed_float16 trains with dynamic loss scaling.")
