@@ -344,6 +344,25 @@ _IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
 
 
+def _leave_a_thread_for_collectives() -> None:
+    """Gives a worker with cores to spare a second inter-op thread, unless TensorFlow started.
+
+    With one inter-op thread, TensorFlow's executor follows the backward pass's chain of ops
+    inline on it, and a gradient bucket's all-reduce, ready early, waits in the pool until the
+    whole backward pass is done; with two it starts at once and the bytes travel while the
+    backward pass goes on (a profile of ResNet-18 on 2 workers: 11 of 14 buckets during the
+    backward pass, against none). Only where the worker has several compute threads: with one
+    core per worker the extra thread contended with the compute and cost more than the overlap
+    gave (0.82 against 0.88 of the no-communication ceiling).
+    """
+    try:
+        if (tf.config.threading.get_inter_op_parallelism_threads() == 1
+                and tf.config.threading.get_intra_op_parallelism_threads() >= 2):
+            tf.config.threading.set_inter_op_parallelism_threads(2)
+    except RuntimeError:
+        pass  # TensorFlow has initialised: its threads are fixed.
+
+
 def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
                        implementation: str, cluster: str,
                        worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int],
@@ -364,6 +383,7 @@ def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
         raise ConfigError(f"cluster_timeout must be a positive number of seconds. Received: "
                           f"{cluster_timeout!r}.")
     resolver = cluster_lib.resolver(cluster, worker_hosts, task_index)
+    _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")
