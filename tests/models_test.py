@@ -84,6 +84,16 @@ class BuildTest(tf.test.TestCase):
                                     r"Unknown model 'vgg'\. Available models: lenet, resnet18\."):
             models.build("vgg", num_classes=10, input_shape=(28, 28, 1))
 
+    def test_options_of_each_builder(self):
+        self.assertEqual(models.options("lenet"), [])
+        self.assertIn("synchronized_batchnorm", models.options("resnet18"))
+
+    def test_an_option_the_builder_does_not_take(self):
+        with self.assertRaisesRegex(RegistryError, r"Model 'lenet' does not take "
+                                                   r"synchronized_batchnorm\. Its options: none"):
+            models.build("lenet", num_classes=10, input_shape=(28, 28, 1),
+                         synchronized_batchnorm=True)
+
     def test_bad_num_classes(self):
         with self.assertRaisesRegex(ValueError, r"num_classes must be an integer >= 2\. "
                                                 r"Received: num_classes=1\."):

@@ -73,6 +73,8 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("huge_seed", [f"--seed={2**32}"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
         ("model_dir_is_a_file", [f"--model_dir={__file__}"], r"model_dir .* is a file; give a "
                                                               r"folder"),
+        ("sync_batchnorm_without_batchnorm", ["--model=lenet", "--sync_batchnorm"],
+         r"--sync_batchnorm needs a model with BatchNorm layers; --model=lenet has none"),
     )
     def test_bad_input_exits_with_one_clear_line(self, flags, message):
         # In-process (a subprocess per case would cost a TensorFlow start each); the

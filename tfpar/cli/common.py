@@ -25,6 +25,7 @@ INTERRUPTED = ("Interrupted. Result files are untouched or complete; with --mode
 # has already stopped), where Python cannot raise KeyboardInterrupt.
 STOP_GRACE_SECONDS = 5.0
 _reported = threading.Event()  # The interruption was reported by the main thread.
+_watching: list = []  # The watcher runs (once per process).
 
 
 def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
@@ -60,6 +61,9 @@ def _end_if_stuck_after_signal() -> None:
     Python runs signal handlers only between bytecodes of the main thread; its C-level handler
     also writes the signal number to the wakeup descriptor at once, which a watcher thread reads.
     """
+    if _watching:
+        return
+    _watching.append(True)
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)

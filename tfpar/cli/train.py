@@ -179,6 +179,10 @@ def main(argv: list[str]) -> None:
     from tfpar import strategies  # Imports TensorFlow.
 
     strategies.entry(config.strategy)  # Fail on a bad name before any slow work.
+    if config.sync_batchnorm and "synchronized_batchnorm" not in models.options(config.model):
+        raise ConfigError(f"--sync_batchnorm needs a model with BatchNorm layers; "
+                          f"--model={config.model} has none. Use --model=resnet18, or drop "
+                          "--sync_batchnorm.")
     if FLAGS.output:
         atomic_io.check_writable(FLAGS.output)
     if FLAGS.plot:

@@ -7,6 +7,7 @@ Every builder is functional Keras with deterministic, hierarchical layer names a
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING
 
 from tfpar.errors import RegistryError
@@ -38,6 +39,19 @@ def available() -> list[str]:
     return sorted(_BUILDERS)
 
 
+def options(name: str) -> list[str]:
+    """Returns the keyword options the named builder takes besides ``num_classes``,
+    ``input_shape`` and ``name`` (e.g. ``synchronized_batchnorm`` for resnet18; none for lenet).
+
+    Raises:
+        RegistryError: If ``name`` is unknown.
+    """
+    if name not in _BUILDERS:
+        raise RegistryError(f"Unknown model {name!r}. Available models: {', '.join(available())}.")
+    parameters = inspect.signature(_builder(name)).parameters
+    return [p for p in parameters if p not in ("num_classes", "input_shape", "name")]
+
+
 def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
           **kwargs) -> "keras.Model":
     """Builds the named model.
@@ -52,11 +66,13 @@ def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
         An uncompiled functional Keras model.
 
     Raises:
-        RegistryError: If ``name`` is unknown.
+        RegistryError: If ``name`` is unknown, or its builder does not take an option.
     """
-    if name not in _BUILDERS:
-        raise RegistryError(f"Unknown model {name!r}. Available models: {', '.join(available())}.")
+    unknown = sorted(set(kwargs) - set(options(name)) - {"name"})
+    if unknown:
+        raise RegistryError(f"Model {name!r} does not take {', '.join(unknown)}. Its options: "
+                            f"{', '.join(options(name)) or 'none'}.")
     return _builder(name)(num_classes=num_classes, input_shape=tuple(input_shape), **kwargs)
 
 
-__all__ = ["available", "build", "lenet", "resnet18"]
+__all__ = ["available", "build", "lenet", "options", "resnet18"]
