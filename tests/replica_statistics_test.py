@@ -36,6 +36,14 @@ class ReplicaStatisticsTest(testing.StrategyTestCase):
         # average is 1% of 5.
         self.assertAllClose(model.layers[0].moving_mean, np.full(4, 0.05), rtol=1e-5)
 
+    def test_the_epoch_end_averaging_is_traced_once(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = bn_model()
+        callback = replica_statistics.AverageAtEpochEnd(strategy)
+        model.fit(skewed_batch(), epochs=3, verbose=0, callbacks=[callback])
+        self.assertEqual(callback._average.experimental_get_tracing_count(), 1)
+
     def test_allreduce_step_with_per_replica_statistics(self):
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():

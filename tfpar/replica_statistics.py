@@ -15,16 +15,13 @@ import keras
 import tensorflow as tf
 
 
-def average(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
-    """Sets every replica's copy of each non-trainable variable to the mean over replicas.
-
-    Args:
-        model: A model built under ``strategy``.
-        strategy: The strategy.
+def averager(model: keras.Model, strategy: tf.distribute.Strategy):
+    """Returns a compiled function that does :func:`average` for this model and strategy
+    (``None`` when there is nothing to average); build it once and call it as often as needed.
     """
     variables = [v.value for v in model.non_trainable_variables]
     if not variables or strategy.num_replicas_in_sync == 1:
-        return
+        return None
 
     @tf.function
     def average_copies():
@@ -38,11 +35,25 @@ def average(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
             strategy.extended.update(variable, lambda var, x: var.assign(x), args=(mean,),
                                      group=False)
 
-    average_copies()
+    return average_copies
+
+
+def average(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Sets every replica's copy of each non-trainable variable to the mean over replicas.
+
+    Args:
+        model: A model built under ``strategy``.
+        strategy: The strategy.
+    """
+    run = averager(model, strategy)
+    if run is not None:
+        run()
 
 
 class AverageAtEpochEnd(keras.callbacks.Callback):
     """Averages non-trainable variables over replicas at the end of every epoch.
+
+    The averaging function is traced once, at the first epoch's end, and reused.
 
     Args:
         strategy: The strategy the model was built under.
@@ -51,6 +62,11 @@ class AverageAtEpochEnd(keras.callbacks.Callback):
     def __init__(self, strategy: tf.distribute.Strategy):
         super().__init__()
         self.strategy = strategy
+        self._average = None
+        self._for_model = None
 
     def on_epoch_end(self, epoch, logs=None):
-        average(self.model, self.strategy)
+        if self._for_model is not self.model:
+            self._average, self._for_model = averager(self.model, self.strategy), self.model
+        if self._average is not None:
+            self._average()
