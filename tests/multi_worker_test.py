@@ -235,7 +235,8 @@ class OverlapTest(tf.test.TestCase, parameterized.TestCase):
                 "import tensorflow as tf\n"
                 "before = tf.config.threading.get_inter_op_parallelism_threads()\n"
                 "strategies.get('multi_worker', 1)\n"
-                "print('threads', before, tf.config.threading.get_inter_op_parallelism_threads())\n")
+                "after = tf.config.threading.get_inter_op_parallelism_threads()\n"
+                "print('threads', before, after)\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         self.assertIn(expected, result.stdout, result.stderr[-2000:])

@@ -27,6 +27,7 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
+from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
 
 ALGORITHMS = ("collective", "naive", "ring")
@@ -44,6 +45,18 @@ def check_algorithm(algorithm: str) -> None:
     if algorithm not in ALGORITHMS:
         raise RegistryError(f"Unknown all-reduce algorithm {algorithm!r}. Available: "
                             f"{', '.join(ALGORITHMS)}.")
+
+
+def check_bytes_per_pack(bytes_per_pack: object, zero_means: str) -> None:
+    """Raises unless ``bytes_per_pack`` is an integer >= 0 (``zero_means``: what 0 does there).
+
+    Raises:
+        ConfigError: If it is not.
+    """
+    if (isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int)
+            or bytes_per_pack < 0):
+        raise ConfigError(f"bytes_per_pack must be an integer >= 0 (0: {zero_means}). "
+                          f"Received: bytes_per_pack={bytes_per_pack!r}.")
 
 
 def pack(tensors: Sequence[tf.Tensor], bytes_per_pack: int) -> list[list[int]]:

@@ -7,14 +7,17 @@ tfpar's own::
 
     global batch --split--> replica shards        (the strategy's distributed dataset;
                                                    by ``split_weights`` for unequal devices)
-    each replica:  forward, loss, backward         (tf.GradientTape on its shard)
-    all replicas:  one all-reduce of the gradient  (tfpar.allreduce: collective | naive | ring,
-                   sums and the example counts     in buckets of ``bytes_per_pack`` bytes)
+    all replicas:  all-reduce the example counts  (issued first, needed after the backward)
+    each replica:  forward, loss, backward         (tf.GradientTape on its shard, in
+                                                   ``accumulation_steps`` micro-batches)
+    all replicas:  all-reduce the gradients        (tfpar.allreduce: collective | naive | ring,
+                                                   buckets of ``bytes_per_pack`` bytes, last
+                                                   layer first; optionally in fp16/bf16)
     each replica:  the same update                 (the optimizer, applied once per replica)
 
 The gradient is exact: each replica differentiates the *sum* of its examples' losses (its
-mean loss, as ``model.compute_loss`` gives it, times its example count); the sums and the
-counts are all-reduced together and the total is divided by the global count. So uneven
+mean loss, as ``model.compute_loss`` gives it, times its example count) and divides it by the
+all-reduced global count before the gradients are all-reduced. So uneven
 shards (a last partial batch, a batch that does not divide by the number of replicas, an empty
 shard) weigh every example equally, unlike Keras's standard step, which averages the
 replicas' means. Clipping applies to the reduced gradient, as on one device.
@@ -93,10 +96,7 @@ class StepOptions:
                 or not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1):
             raise ConfigError("accumulation_steps must be an integer >= 1. Received: "
                               f"accumulation_steps={self.accumulation_steps!r}.")
-        if (isinstance(self.bytes_per_pack, bool) or not isinstance(self.bytes_per_pack, int)
-                or self.bytes_per_pack < 0):
-            raise ConfigError("bytes_per_pack must be an integer >= 0 (0: one reduction per "
-                              f"variable). Received: bytes_per_pack={self.bytes_per_pack!r}.")
+        allreduce.check_bytes_per_pack(self.bytes_per_pack, "one reduction per variable")
         if self.algorithm != "collective" and num_local_replicas != num_replicas:
             raise ConfigError(f"All-reduce algorithm {self.algorithm!r} works within one "
                               "process; across workers use 'collective'.")
@@ -272,11 +272,12 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         return [tf.zeros_like(variables[i]) for i in present]
 
     grads = None
+    synchronizes = _synchronizes(model)
     for micro, micro_count in _micro_batches((x, y, sample_weight), count,
                                              options.accumulation_steps):
         # One micro-batch after the other: the next starts once this one's gradients exist.
         with tf.control_dependencies(grads or []):
-            if _synchronizes(model):
+            if synchronizes:
                 # Layers that all-reduce inside the forward pass (synchronized
                 # BatchNormalization) cannot sit in a conditional branch.
                 step_grads = forward_backward(*micro, micro_count)

@@ -201,14 +201,15 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
     own = tasks.pop(me, None)
     if own is None or not tasks:
         return
+    port = _split(own)[1]
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind(("", _split(own)[1]))  # As TensorFlow's server will bind it.
+            listener.bind(("", port))  # As TensorFlow's server will bind it.
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise PortTakenError(f"Port {_split(own)[1]} of this {me[0]} ({own}) is in use by "
+                raise PortTakenError(f"Port {port} of this {me[0]} ({own}) is in use by "
                                      "another program. Give the cluster free ports.") from None
             raise ClusterError(f"Cannot listen at {own} ({e.strerror}).") from None
         listener.listen(64)
@@ -231,9 +232,10 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
             names = ", ".join(f"{job} {index} ({address})"
                               for (job, index), address in missing.items())
             if waited > timeout:
-                raise ClusterError(f"{names[0].upper()}{names[1:]} did not come up within {timeout:g} s. Start every "
-                                   "task of the cluster (each with its own task index), or "
-                                   "wait longer with a larger cluster_timeout.")
+                raise ClusterError(f"{names[0].upper()}{names[1:]} did not come up within "
+                                   f"{timeout:g} s. Start every task of the cluster (each with "
+                                   "its own task index), or wait longer with a larger "
+                                   "cluster_timeout.")
             if time.monotonic() >= next_report:
                 report(f"Waiting for {names} since {since} ({waited:.0f} s; giving up after "
                        f"{timeout:g} s).")

@@ -390,10 +390,7 @@ def _make_multi_worker(strategy_class: type, devices: devices_lib.DeviceSet,
     kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
-    if (isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int)
-            or bytes_per_pack < 0):
-        raise ConfigError("bytes_per_pack must be an integer >= 0 (0: one all-reduce of every "
-                          f"gradient). Received: bytes_per_pack={bytes_per_pack!r}.")
+    allreduce.check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack,
                                                               implementation=kind)
     return cluster_lib.connect(
