@@ -298,10 +298,14 @@ class _Processes:
             if line.startswith("ERROR "):
                 raise ConfigError(line[len("ERROR "):].strip())
         process.wait()
-        self.logs[index].seek(0)
+        # A worker of a job often fails because a peer failed first: show every log.
+        logs = []
+        for i, log in enumerate(self.logs):
+            log.seek(0)
+            logs.append(f"--- log of worker {i} ---\n{log.read()[-3000:]}"
+                        if len(self.logs) > 1 else log.read()[-3000:])
         raise RuntimeError(f"The benchmark process of {self.configuration} (worker {index}) "
-                           f"ended with status {process.returncode}:\n"
-                           f"{self.logs[index].read()[-3000:]}")
+                           f"ended with status {process.returncode}:\n" + "\n".join(logs))
 
     def measure(self, steps: int) -> tuple[float, float, float]:
         """Trains ``steps`` steps; returns images/s, the seconds of one all-reduce, and the
