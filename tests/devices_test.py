@@ -5,6 +5,7 @@ The pytest plugin splits the CPU into 4 logical devices before this module is im
 """
 
 import os
+import unittest
 
 import tensorflow as tf
 from absl.testing import parameterized
@@ -12,9 +13,15 @@ from absl.testing import parameterized
 from tfpar import devices
 from tfpar.errors import DeviceError
 
+# Tests of a machine without GPUs, where a count means logical CPUs (on a GPU machine it means
+# GPUs, and these are skipped rather than failed).
+without_gpus = unittest.skipIf(bool(tf.config.list_physical_devices("GPU")),
+                               "this machine has GPUs: device counts mean GPUs here")
+
 
 class ResolveTest(tf.test.TestCase, parameterized.TestCase):
 
+    @without_gpus
     def test_count_gives_logical_cpus_without_gpus(self):
         device_set = devices.resolve(2)
         self.assertEqual(device_set.names, ("CPU:0", "CPU:1"))
@@ -37,6 +44,7 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
                                                  r"Received: -?\d+\."):
             devices.resolve(spec)
 
+    @without_gpus
     def test_too_many(self):
         with self.assertRaisesRegex(DeviceError, r"from 1 to 64\. Received: 65\."):
             devices.resolve(65)
@@ -46,6 +54,7 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
                                                  r"Received: 'two'\."):
             devices.resolve("two")
 
+    @without_gpus
     def test_missing_gpu_says_what_exists(self):
         with self.assertRaisesRegex(DeviceError, r"No such GPU: \['GPU:0'\] asks for GPU:0, but "
                                                  r"this machine has 4 logical CPU device\(s\), "
@@ -56,6 +65,7 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(DeviceError, "cannot repeat a device"):
             devices.resolve("CPU:0,cpu:0")
 
+    @without_gpus
     def test_too_late_to_split_more(self):
         tf.constant(1.0)  # TensorFlow is initialised (with 4 logical CPUs).
         with self.assertRaisesRegex(DeviceError, r"Cannot split the CPU into 5 logical devices: "
@@ -63,6 +73,7 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
                                                  r"--tfpar-devices=5"):
             devices.resolve(5)
 
+    @without_gpus
     def test_split_gpu_without_gpu(self):
         with self.assertRaisesRegex(DeviceError, "Cannot split a GPU: this machine has none"):
             devices.split_gpu(2, 1024)

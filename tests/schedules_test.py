@@ -7,7 +7,7 @@ from absl.testing import parameterized
 
 from tfpar import schedules
 from tfpar import testing
-from tfpar.config import TrainConfig
+from tfpar.training.config import TrainConfig
 
 
 class LinearWarmupTest(testing.StrategyTestCase):
@@ -41,7 +41,7 @@ class LinearWarmupTest(testing.StrategyTestCase):
 
     def test_bad_warmup_epochs(self):
         with self.assertRaisesRegex(ValueError, r"warmup_epochs must be a number >= 0\. "
-                                                r"Received: -1"):
+                                                r"Received: warmup_epochs=-1\."):
             TrainConfig(warmup_epochs=-1)
 
 

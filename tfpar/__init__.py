@@ -4,7 +4,7 @@ The package has two ways to train on several devices, as the chapters it comes f
 
 * concisely, with ``model.fit`` under a ``tf.distribute`` strategy picked by name from
   :mod:`tfpar.strategies` (``mirrored``, ``central_storage``, ``multi_worker``, ...);
-* from scratch, with the hand-written data-parallel step of :mod:`tfpar.allreduce_strategy`
+* from scratch, with the hand-written data-parallel step of :mod:`tfpar.allreduce`
   (split the batch, per-replica forward/backward, all-reduce the gradients, identical update),
   which ``model.fit`` runs under the ``allreduce`` entries.
 
@@ -14,17 +14,9 @@ CPU into logical devices before TensorFlow initialises.
 
 __version__ = "0.1.0"
 
-import importlib
-import pkgutil
+from tfpar import lazy_exports
 
-# Every module of the package, found rather than listed (so none is forgotten); the worker
-# program of the benchmark is run, not imported.
-_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__)) - {"benchmark_worker"}
-
-
-def __getattr__(name):
-    # `import tfpar; tfpar.strategies.get(...)` works without importing TensorFlow at
-    # `import tfpar` time (which would be too early to split the CPU into devices).
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tfpar.{name}")
-    raise AttributeError(f"module 'tfpar' has no attribute {name!r}")
+# `import tfpar; tfpar.strategies.get(...)` works without importing TensorFlow at `import
+# tfpar` time (which would be too early to split the CPU into devices): every subpackage and
+# module is imported when first used.
+lazy_exports.install(__name__)

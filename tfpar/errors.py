@@ -1,18 +1,40 @@
 """The exceptions tfpar raises for bad input, so callers can tell user errors from bugs.
 
 Every message says what was wrong and what is allowed. Scripts catch :class:`TfparError`
-and print its message without a traceback.
+and print its message without a traceback. A message about one argument names it through the
+``{argument}`` placeholder, so the library says ``data_dir`` and a command line, which knows
+its flags, says ``--data_dir`` (:meth:`TfparError.render`).
 """
+
+from __future__ import annotations
+
+from typing import Callable, Optional
 
 
 class TfparError(ValueError):
     """Base class of tfpar's user-facing errors (bad arguments, impossible requests).
 
+    Args:
+        message: What was wrong and what is allowed; ``{argument}`` where it names the
+            argument at fault.
+        argument: The name of the library argument at fault, if one is.
+
     Attributes:
         exit_status: The status tfpar's programs exit with on this error.
+        argument: The argument at fault, or ``None``.
     """
 
     exit_status = 2
+
+    def __init__(self, message: str, *, argument: Optional[str] = None):
+        self.template, self.argument = message, argument
+        super().__init__(self.render(lambda name: name))
+
+    def render(self, name_of: Callable[[str], str]) -> str:
+        """The message with the argument called ``name_of(argument)`` (e.g. its flag)."""
+        if self.argument is None:
+            return self.template
+        return self.template.replace("{argument}", name_of(self.argument))
 
 
 class DeviceError(TfparError):
@@ -49,6 +71,6 @@ class NonFiniteLossError(TfparError):
             last.
     """
 
-    def __init__(self, message: str, results: list):
-        super().__init__(message)
+    def __init__(self, message: str, results: list, *, argument: Optional[str] = None):
+        super().__init__(message, argument=argument)
         self.results = results

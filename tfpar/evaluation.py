@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfpar import data as data_lib
+from tfpar.data import pipelines
 
 
 def _batch_counter(model: keras.Model, strategy: tf.distribute.Strategy):
@@ -32,7 +32,7 @@ def _batch_counter(model: keras.Model, strategy: tf.distribute.Strategy):
 
 def _accuracy(batch_counts, dataset: tf.data.Dataset, strategy: tf.distribute.Strategy) -> float:
     totals = tf.zeros([2], tf.int64)
-    for batch in data_lib.distribute(strategy, dataset):
+    for batch in pipelines.distribute(strategy, dataset):
         totals += tf.cast(batch_counts(batch), tf.int64)
     correct, count = (int(v) for v in totals.numpy())
     return correct / count if count else 0.0

@@ -13,10 +13,12 @@ from absl import flags
 
 from tfpar import atomic_io
 from tfpar import benchmark
-from tfpar import config as config_lib
 from tfpar import models
+from tfpar import strategies
+from tfpar.allreduce import options as allreduce_options
 from tfpar.cli import common
 from tfpar.errors import ConfigError
+from tfpar.training import config as config_lib
 
 FLAGS = flags.FLAGS
 
@@ -73,10 +75,6 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise ConfigError(f"Unknown model(s) {', '.join(unknown)}. Available models: "
                           f"{', '.join(models.available())}.")
-    from tfpar import allreduce  # These import TensorFlow: only once the flags are parsed.
-    from tfpar import allreduce_strategy
-    from tfpar import strategies
-
     for name in FLAGS.strategies:
         strategies.entry(name)
     for path in (FLAGS.output, FLAGS.csv, FLAGS.plot):
@@ -100,16 +98,16 @@ def main(argv: list[str]) -> None:
     swept = {}
     if FLAGS.allreduce:
         for algorithm in FLAGS.allreduce:
-            allreduce.check_algorithm(algorithm)
+            allreduce_options.check_algorithm(algorithm)
         swept["algorithm"] = FLAGS.allreduce
     if FLAGS.bytes_per_pack:
         swept["bytes_per_pack"] = [common.parse_count("--bytes_per_pack", n, least=0)
                                    for n in FLAGS.bytes_per_pack]
     if FLAGS.gradient_compression:
         for compression in FLAGS.gradient_compression:
-            if compression not in allreduce_strategy.COMPRESSIONS:
+            if compression not in allreduce_options.COMPRESSIONS:
                 raise ConfigError(f"Unknown --gradient_compression {compression!r}. Allowed: "
-                                  f"{', '.join(allreduce_strategy.COMPRESSIONS)}.")
+                                  f"{', '.join(allreduce_options.COMPRESSIONS)}.")
         swept["gradient_compression"] = FLAGS.gradient_compression
     if FLAGS.accumulation_steps:
         swept["accumulation_steps"] = [common.parse_count("--accumulation_steps", n)

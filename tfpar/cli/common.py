@@ -25,28 +25,44 @@ INTERRUPTED = ("Interrupted. Result files are untouched or complete; with --mode
 # has already stopped), where Python cannot raise KeyboardInterrupt.
 STOP_GRACE_SECONDS = 5.0
 _reported = threading.Event()  # The interruption was reported by the main thread.
+_running = threading.Event()  # A wrapped main is running (the watcher acts only then).
 _watching: list = []  # The watcher runs (once per process).
 
 
-def exit_cleanly(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+def flag_name(argument: str, aliases: Optional[dict[str, str]] = None) -> str:
+    """The flag a library argument is set by: ``--name`` (or its alias), else the argument."""
+    flag = (aliases or {}).get(argument, argument)
+    return f"--{flag}" if flag in flags.FLAGS else argument
+
+
+def exit_cleanly(main: Callable[[list[str]], Any],
+                 aliases: Optional[dict[str, str]] = None) -> Callable[[list[str]], Any]:
     """Wraps an absl ``main``: a user error prints one line and exits with status 2 (or the
-    error's ``exit_status``); SIGTERM and Ctrl-C stop it with status 130."""
+    error's ``exit_status``); SIGTERM and Ctrl-C stop it with status 130.
+
+    A library error about an argument names the flag that sets it (``--data_dir`` for
+    ``data_dir``; ``aliases`` maps arguments to flags of other names).
+    """
 
     @functools.wraps(main)
     def wrapped(argv):
         # SIGTERM (a scheduler, kill) stops the program as Ctrl-C does: files are written
         # atomically, so only complete results and checkpoints are left behind.
-        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         _end_if_stuck_after_signal()
+        _running.set()
         try:
             return main(argv)
         except TfparError as e:
-            print(f"Error: {e}", file=sys.stderr)
+            print(f"Error: {e.render(lambda a: flag_name(a, aliases))}", file=sys.stderr)
             sys.exit(e.exit_status)
         except KeyboardInterrupt:
             print(INTERRUPTED, file=sys.stderr, flush=True)
             _reported.set()
             sys.exit(130)
+        finally:
+            _running.clear()
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapped
 
@@ -69,9 +85,11 @@ def _end_if_stuck_after_signal() -> None:
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
 
     def watch():
-        while os.read(read_end, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
-            pass
-        time.sleep(STOP_GRACE_SECONDS)
+        while True:
+            if os.read(read_end, 1)[0] in (signal.SIGTERM, signal.SIGINT) and _running.is_set():
+                time.sleep(STOP_GRACE_SECONDS)
+                if _running.is_set():  # The main thread did not get out by itself.
+                    break
         if not _reported.is_set():
             print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)", file=sys.stderr,
                   flush=True)
@@ -98,7 +116,8 @@ def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:
 
 
 def run_main(main: Callable[[list[str]], Any], flags_module: str,
-             help_groups: Optional[dict[str, tuple[str, ...]]] = None) -> None:
+             help_groups: Optional[dict[str, tuple[str, ...]]] = None,
+             aliases: Optional[dict[str, str]] = None) -> None:
     """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
@@ -106,6 +125,8 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     them), so they are declared key flags of whichever file was run. Flags are parsed before
     TensorFlow is imported (the programs import it in ``main``), so ``--help`` and flag errors
     answer at once; ``--help`` exits with status 0 (grouped as ``help_groups`` says, if given).
+    Library errors name the flags of their arguments (``aliases``: arguments whose flag has
+    another name).
     """
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
@@ -124,7 +145,7 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     # TensorFlow's Python logger (tf.get_logger()) repeats every cross-device reduction it
     # sets up at INFO; set without importing TensorFlow.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    app.run(exit_cleanly(main))
+    app.run(exit_cleanly(main, aliases))
 
 
 def parse_count(flag: str, text: str, least: int = 1) -> int:
@@ -171,7 +192,7 @@ def strategy_options(strategy: str, values: dict[str, Any],
         RegistryError: If the strategy is unknown.
         ConfigError: If a flag was given on the command line that the strategy does not take.
     """
-    from tfpar import strategies  # Imports TensorFlow: only once the flags are parsed.
+    from tfpar import strategies  # Registered plugins may import TensorFlow.
 
     accepted = strategies.entry(strategy).options()
     flag_names = flag_names or {}
@@ -185,7 +206,7 @@ def strategy_options(strategy: str, values: dict[str, Any],
 
 def strategy_listing() -> str:
     """Returns the registered strategies, one ``name: description`` per line."""
-    from tfpar import strategies  # Imports TensorFlow: only once the flags are parsed.
+    from tfpar import strategies
 
     return "\n".join(f"{name}: {description}"
                      for name, description in strategies.available().items())

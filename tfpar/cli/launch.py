@@ -12,8 +12,9 @@ import sys
 
 from absl import flags
 
-from tfpar import launcher
 from tfpar.cli import common
+from tfpar.errors import ConfigError
+from tfpar.multiworker import launcher
 
 FLAGS = flags.FLAGS
 
@@ -33,6 +34,9 @@ flags.DEFINE_bool("all_output", False,
 
 def main(argv: list[str]) -> None:
     """Launches ``argv[1:]`` (the command after ``--``) as the workers and exits with their status."""
+    if len(argv) < 2:
+        raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
+                          "--strategy=multi_worker.")
     sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
                              all_output=FLAGS.all_output, network=FLAGS.network))
 

@@ -16,14 +16,18 @@ from absl import app
 from absl import flags
 
 from tfpar import atomic_io
-from tfpar import config as config_lib
-from tfpar import dataset_catalog
-from tfpar import launcher
 from tfpar import models
-from tfpar import report
+from tfpar.allreduce import options as allreduce_options
 from tfpar.cli import common
+from tfpar.cli import train_report as report
+from tfpar.data import catalog as dataset_catalog
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
+from tfpar.multiworker import cluster
+from tfpar.multiworker import launcher
+from tfpar.multiworker import strategy as multi_worker
+from tfpar.strategies import cross_device_ops
+from tfpar.training import config as config_lib
 
 FLAGS = flags.FLAGS
 
@@ -47,25 +51,24 @@ flags.DEFINE_bool("scale_with_devices", False,
 flags.DEFINE_float("warmup_epochs", 0.0,
                    "Raise the learning rate linearly over this many epochs: from --lr to the "
                    "scaled rate with --scale_with_devices (Goyal et al.), else from 0.")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
+flags.DEFINE_enum("optimizer", "sgd", list(config_lib.OPTIMIZERS), "Optimizer.")
 flags.DEFINE_float("momentum", 0.9, "SGD momentum (0 gives the seeds' plain SGD).")
 flags.DEFINE_integer("epochs", 10, "Training epochs.")
 flags.DEFINE_integer("seed", 0, "Seed of weights and shuffling.")
 flags.DEFINE_bool("sync_batchnorm", False,
                   "Synchronise BatchNorm statistics across replicas (ResNet-18).")
-flags.DEFINE_enum("cross_device_ops", "auto",
-                  ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device"],
+flags.DEFINE_enum("cross_device_ops", "auto", list(cross_device_ops.CROSS_DEVICE_OPS),
                   "Gradient reduction of the 'mirrored' strategy; auto: NCCL on GPUs, "
                   "reduction to one device otherwise.")
-flags.DEFINE_enum("allreduce", "collective", ["collective", "naive", "ring"],
+flags.DEFINE_enum("allreduce", "collective", list(allreduce_options.ALGORITHMS),
                   "All-reduce algorithm of the 'allreduce' strategy's hand-written step.")
-flags.DEFINE_integer("bytes_per_pack", 25 * 2**20,
+flags.DEFINE_integer("bytes_per_pack", allreduce_options.DEFAULT_BYTES_PER_PACK,
                      "'allreduce', 'multi_worker*': gradient bucket size in bytes; buckets are "
                      "all-reduced from the last layer to the first, each as soon as it is "
                      "ready, overlapping the backward pass ('allreduce*': 0 is one reduction "
                      "per variable; 'multi_worker': 0 is one reduction after the whole "
                      "backward pass).")
-flags.DEFINE_enum("gradient_compression", "none", ["none", "fp16", "bf16"],
+flags.DEFINE_enum("gradient_compression", "none", list(allreduce_options.COMPRESSIONS),
                   "'allreduce*': the dtype gradients travel in (cast back to float32 after).")
 flags.DEFINE_integer("accumulation_steps", 1,
                      "'allreduce*': each update trains this many micro-batches of "
@@ -88,15 +91,15 @@ flags.DEFINE_string("logdir", None,
 flags.DEFINE_list("split_weights", None,
                   "'allreduce': per-device shares of each batch, e.g. 3,1 for a fast and a slow "
                   "device (an even split if unset).")
-flags.DEFINE_enum("implementation", "auto", ["auto", "ring", "nccl"],
+flags.DEFINE_enum("implementation", "auto", list(multi_worker.IMPLEMENTATIONS),
                   "'multi_worker*': collective implementation (nccl: GPUs only).")
-flags.DEFINE_enum("cluster", "auto", ["auto", "tf_config", "slurm", "flags"],
+flags.DEFINE_enum("cluster", "auto", list(cluster.SOURCES),
                   "'multi_worker*': where the cluster comes from (auto: --worker_hosts, else "
                   "TF_CONFIG, else SLURM).")
 flags.DEFINE_list("worker_hosts", None, "'multi_worker*': host:port of every worker.")
 flags.DEFINE_integer("task_index", None,
                      "'multi_worker*': this worker's index in --worker_hosts.")
-flags.DEFINE_float("cluster_timeout", 300.0,
+flags.DEFINE_float("cluster_timeout", cluster.DEFAULT_TIMEOUT_SECONDS,
                    "'multi_worker*': seconds a worker waits for its peers to come up (it says "
                    "which it is waiting for every few seconds) before giving up.")
 flags.DEFINE_string("model_dir", None,
@@ -111,6 +114,9 @@ flags.DEFINE_bool("deterministic", False,
 flags.DEFINE_string("output", None, "Write all results to this JSON file.")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.")
 
+
+# Library arguments whose flag has another name (errors about them name the flag).
+OPTION_FLAGS = {"algorithm": "allreduce"}
 
 # How --help groups the flags (every flag of this module appears in exactly one group).
 HELP_GROUPS = {
@@ -164,7 +170,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
         "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
         "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
         "task_index": FLAGS.task_index, "cluster_timeout": FLAGS.cluster_timeout,
-    }, flag_names={"algorithm": "allreduce"})
+    }, flag_names=OPTION_FLAGS)
     return dataclasses.replace(config, strategy_options=options), device_sets
 
 
@@ -228,7 +234,7 @@ def _write_results(config: config_lib.TrainConfig, results: list, what: str) -> 
 
 def run() -> None:
     """Console-script entry point (``tfpar-train``)."""
-    common.run_main(main, __name__, HELP_GROUPS)
+    common.run_main(main, __name__, HELP_GROUPS, aliases=OPTION_FLAGS)
 
 
 if __name__ == "__main__":

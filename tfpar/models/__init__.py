@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 from typing import TYPE_CHECKING
 
 from tfpar.errors import RegistryError
@@ -29,9 +30,14 @@ def _builder(name: str):
 
 
 def __getattr__(name):
-    if name in _BUILDERS:
+    if name in _BUILDERS:  # The builder, not its module of the same name (lenet).
         return _builder(name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'tfpar.models' has no attribute {name!r}")
+
+
+_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))
 
 
 def available() -> list[str]:

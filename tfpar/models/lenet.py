@@ -9,7 +9,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from tfpar.models.validation import check_builder_args
+from tfpar.models.arguments import check_builder_args
 
 
 def lenet(num_classes: int = 10, input_shape: tuple[int, ...] = (28, 28, 1),

@@ -14,7 +14,7 @@ import functools
 import keras
 from keras import layers
 
-from tfpar.models.validation import check_builder_args
+from tfpar.models.arguments import check_builder_args
 
 # PyTorch/Gluon BatchNorm defaults (the seeds' framework): faster-moving statistics than
 # Keras's 0.99, which matters for the seeds' short runs.

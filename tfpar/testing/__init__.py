@@ -29,12 +29,16 @@ Example::
         tf.test.main()
 """
 
-from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.case import ensure_devices
 from tfpar.testing.case import for_each_strategy
+from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.datasets import tiny_dataset
-from tfpar.testing.equivalence import fit_steps
+from tfpar.testing.reference_runs import fit_steps
 from tfpar.testing.tiny_model import tiny_model
 
 __all__ = ["StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps", "tiny_dataset",
            "tiny_model"]
+
+from tfpar import lazy_exports  # noqa: E402
+
+lazy_exports.install(__name__)

@@ -12,7 +12,7 @@ from absl.testing import parameterized
 from tfpar import devices
 from tfpar import strategies
 from tfpar.errors import DeviceError
-from tfpar.testing import equivalence
+from tfpar.testing import reference_runs
 
 
 def ensure_devices(count: int) -> None:
@@ -42,7 +42,7 @@ def _skip_reason(name: str, num_devices: int) -> Optional[str]:
     entry = strategies.entry(name)
     if entry.multi_process:
         return (f"strategy {name!r} runs several worker processes; test it with "
-                "tfpar.launcher (scripts/launch.py) instead of in-process")
+                "tfpar.multiworker.launcher (scripts/launch.py) instead of in-process")
     if entry.max_devices is not None and num_devices > entry.max_devices:
         return f"strategy {name!r} runs on at most {entry.max_devices} device(s)"
     if entry.requires_gpu and devices.gpu_count() < num_devices:
@@ -116,7 +116,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
 
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
-                                  *, train: Optional[equivalence.TrainFn] = None,
+                                  *, train: Optional[reference_runs.TrainFn] = None,
                                   rtol: float = 1e-5, atol: float = 1e-6) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
@@ -137,7 +137,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
             rtol: Relative tolerance.
             atol: Absolute tolerance.
         """
-        train = train or equivalence.fit_steps
+        train = train or reference_runs.fit_steps
         chosen = getattr(strategy, "tfpar", None)
         compare_losses = chosen is None or chosen.entry.logs_exact_loss
         reference = model_fn()
@@ -145,7 +145,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
         with strategy.scope():
             model = model_fn()
         model.set_weights(initial)
-        expected_losses = equivalence.fit_steps(reference, dataset, tf.distribute.get_strategy())
+        expected_losses = reference_runs.fit_steps(reference, dataset, tf.distribute.get_strategy())
         losses = train(model, dataset, strategy)
         if losses is not None and compare_losses:
             self.assertAllClose(expected_losses, losses, rtol=rtol, atol=atol,

@@ -1,0 +1,308 @@
+"""Tests of the all-reduce step under model.fit: equality with one device, uneven data, options."""
+
+import functools
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from unittest import mock
+
+from tfpar import models
+from tfpar import testing
+from tfpar.allreduce import algorithms
+from tfpar.allreduce import step
+from tfpar.errors import ConfigError
+
+
+def compiled(build, optimizer=lambda: keras.optimizers.SGD(0.1)):
+    """Returns a model_fn: a new model from ``build`` compiled with a new optimizer."""
+
+    def model_fn():
+        model = build()
+        model.compile(optimizer=optimizer(),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return model_fn
+
+
+tiny_lenet = compiled(functools.partial(models.lenet, num_classes=3, input_shape=(18, 18, 1)))
+
+
+def users_model():
+    """A model a user might write: Sequential, regularised, with a constraint."""
+    return keras.Sequential([
+        keras.Input((18, 18, 1)), keras.layers.Flatten(),
+        keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(1e-2),
+                           kernel_constraint=keras.constraints.MaxNorm(1.0)),
+        keras.layers.Dense(3)])
+
+
+class EquivalenceTest(testing.StrategyTestCase):
+
+    @parameterized.product(algorithm=("collective", "naive", "ring"), num_examples=(8, 24))
+    def test_lenet_equals_single_device(self, algorithm, num_examples):
+        # 8 examples: one step; 24: three steps of 8.
+        self.assertMatchesSingleDevice(
+            tiny_lenet, testing.tiny_dataset(num_examples=num_examples),
+            self.strategy("allreduce", 2, algorithm=algorithm))
+
+    def test_users_model_equals_single_device(self):
+        self.assertMatchesSingleDevice(compiled(users_model), testing.tiny_dataset(),
+                                       self.strategy("allreduce", 2))
+
+    def test_mirrored_fit_equals_single_device(self):
+        self.assertMatchesSingleDevice(tiny_lenet, testing.tiny_dataset(),
+                                       self.strategy("mirrored", 2))
+
+    @parameterized.named_parameters(
+        ("momentum", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+        ("adam", lambda: keras.optimizers.Adam(1e-2)))
+    def test_keras_optimizers(self, optimizer):
+        self.assertMatchesSingleDevice(compiled(users_model, optimizer),
+                                       testing.tiny_dataset(num_examples=24),
+                                       self.strategy("allreduce", 2))
+
+    def test_clipping_applies_to_the_reduced_gradient(self):
+        clipped = lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05)
+        self.assertMatchesSingleDevice(compiled(users_model, clipped), testing.tiny_dataset(),
+                                       self.strategy("allreduce", 2))
+
+    def test_mirrored_fit_clips_each_replica_before_reducing(self):
+        # Keras 3's documented-here defect: under mirrored + fit, global_clipnorm clips each
+        # replica's partial gradient, so the result differs from single-device training.
+        clipped = lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05)
+        with self.assertRaisesRegex(AssertionError, "differ"):
+            self.assertMatchesSingleDevice(compiled(users_model, clipped),
+                                           testing.tiny_dataset(),
+                                           self.strategy("mirrored", 2))
+
+
+class MixedPrecisionTest(testing.StrategyTestCase):
+
+    def setUp(self):
+        super().setUp()
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        self.addCleanup(keras.mixed_precision.set_global_policy, "float32")
+
+    def test_dynamic_loss_scaling_equals_single_device(self):
+        def model_fn():
+            model = testing.tiny_model()
+            self.assertIsInstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            return model
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(24, batch_size=8),
+                                       self.strategy("allreduce", 2),
+                                       rtol=1e-3, atol=1e-4)
+
+    def test_overflowing_step_is_skipped_and_the_scale_halved(self):
+        def model_fn():
+            model = testing.tiny_model()
+            model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+                              keras.optimizers.SGD(0.1), initial_scale=2.0**40),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+        strategy = self.strategy("allreduce", 2)
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(8), strategy,
+                                       rtol=1e-3, atol=1e-4)
+        with strategy.scope():
+            model = model_fn()
+        before = model.get_weights()
+        testing.fit_steps(model, testing.tiny_dataset(8), strategy)
+        self.assertEqual(model.optimizer.dynamic_scale.numpy(), 2.0**39)
+        self.assertAllClose(before, model.get_weights())
+
+
+class CommunicationOptionsTest(testing.StrategyTestCase):
+
+    @parameterized.product(accumulation_steps=(2, 3), algorithm=("collective", "ring"))
+    def test_accumulation_equals_one_step_on_the_whole_batch(self, accumulation_steps,
+                                                            algorithm):
+        # Batches of 8, 8 and 7 over 2 replicas: shards of 4 (and 4+3) cut into 2 or 3
+        # micro-batches, uneven ones among them (3 -> 2+1, 4 -> 2+1+1, 3 -> 1+1+1).
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(23, batch_size=8),
+            self.strategy("allreduce", 2, algorithm=algorithm,
+                          accumulation_steps=accumulation_steps))
+
+    def test_accumulation_with_more_micro_batches_than_examples(self):
+        # Shards of 1 and 0 examples cut into 4 micro-batches: most are empty.
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(3, batch_size=1),
+            self.strategy("allreduce", 2, accumulation_steps=4))
+
+    @parameterized.product(compression=("fp16", "bf16"), algorithm=("collective", "naive"))
+    def test_compression_equals_single_device_within_its_rounding(self, compression,
+                                                                  algorithm):
+        # bf16 keeps 8 significant bits, fp16 11: one step's relative error is about 2^-8
+        # or 2^-11 of a gradient, times the learning rate.
+        tolerance = {"fp16": 1e-3, "bf16": 1e-2}[compression]
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(16),
+            self.strategy("allreduce", 2, algorithm=algorithm,
+                          gradient_compression=compression), rtol=tolerance, atol=tolerance)
+
+    def test_compression_sends_half_the_bytes(self):
+        calls = []
+        original = algorithms._reduce
+
+        def spy(flats, chosen, context):
+            calls.extend(f.dtype for f in flats)
+            return original(flats, chosen, context)
+
+        strategy = self.strategy("allreduce", 2, gradient_compression="bf16")
+        with strategy.scope():
+            model = compiled(users_model)()
+        with mock.patch.object(algorithms, "_reduce", spy):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+        # The count, then the gradients in bfloat16, then the loss tracker's float32 states,
+        # each by both replicas.
+        self.assertEqual(calls, [dtype for dtype in (tf.float32, tf.bfloat16, tf.float32)
+                                 for _ in range(2)])
+
+    def test_bad_options(self):
+        with self.assertRaisesRegex(ConfigError, r"Unknown gradient_compression 'int8'\. "
+                                                 r"Allowed: none, fp16, bf16"):
+            self.strategy("allreduce", 2, gradient_compression="int8")
+        with self.assertRaisesRegex(ConfigError, r"accumulation_steps must be an integer >= 1\. "
+                                                 r"Received: accumulation_steps=0"):
+            self.strategy("allreduce", 2, accumulation_steps=0)
+
+    def test_keras_gradient_accumulation_is_refused_with_the_alternative(self):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = compiled(users_model, lambda: keras.optimizers.SGD(
+                0.1, gradient_accumulation_steps=2))()
+        with self.assertRaisesRegex(ConfigError, "give the strategy accumulation_steps"):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+
+
+class UnevenDataTest(testing.StrategyTestCase):
+
+    @parameterized.named_parameters(
+        # A batch of 5 on 2 replicas splits 3+2: each example must weigh the same.
+        ("five_split_three_two", 10, 5),
+        # A last batch of 1 splits 1+0: a full step, not half of one.
+        ("last_batch_of_one", 9, 8),
+        # The very first batch does not split evenly (Keras's symbolic build crashed on it).
+        ("first_batch_uneven", 3, 3))
+    def test_allreduce_is_exact(self, num_examples, batch_size):
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(num_examples, batch_size=batch_size),
+            self.strategy("allreduce", 2))
+
+    def test_three_replicas_with_remainders(self):
+        self.assertMatchesSingleDevice(
+            compiled(users_model), testing.tiny_dataset(11, batch_size=4),
+            self.strategy("allreduce", 3))
+
+    @parameterized.parameters((10, 5), (9, 8), (3, 3))
+    def test_mirrored_fit_does_not_crash(self, num_examples, batch_size):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = compiled(users_model)()
+        history = model.fit(testing.tiny_dataset(num_examples, batch_size=batch_size),
+                            verbose=0)
+        self.assertTrue(np.isfinite(history.history["loss"][0]))
+
+
+class OptionsTest(testing.StrategyTestCase):
+
+    def test_split_weights_keep_the_gradient_exact(self):
+        self.assertMatchesSingleDevice(compiled(users_model), testing.tiny_dataset(),
+                                       self.strategy("allreduce", 2, split_weights=(3, 1)))
+
+    def test_split_weights_give_each_replica_its_share(self):
+        strategy = self.strategy("allreduce", 2, split_weights=(3, 1))
+        shards = strategy.experimental_distribute_dataset(testing.tiny_dataset(8, batch_size=8))
+        x, _ = next(iter(shards))
+        self.assertEqual([len(v) for v in strategy.experimental_local_results(x)], [6, 2])
+
+    def test_split_sizes(self):
+        self.assertAllEqual(step.split_sizes(tf.constant(8), [3, 1]), [6, 2])
+        self.assertAllEqual(step.split_sizes(tf.constant(5), [1, 1, 1]), [2, 2, 1])
+        self.assertAllEqual(step.split_sizes(tf.constant(1), [1, 3]), [0, 1])
+
+    @parameterized.parameters("collective", "naive", "ring")
+    def test_the_chosen_algorithm_and_buckets_run(self, algorithm):
+        # A user's unchanged fit must reduce with the options the strategy was given.
+        calls = []
+        original = algorithms._reduce
+
+        def spy(flats, chosen, context):
+            calls.append((chosen, [int(f.shape[0]) for f in flats]))
+            return original(flats, chosen, context)
+
+        strategy = self.strategy("allreduce", 2, algorithm=algorithm, bytes_per_pack=64)
+        with strategy.scope():
+            model = compiled(users_model)()
+        with mock.patch.object(algorithms, "_reduce", spy):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+        # One step, traced once: the example count first (issued before the forward pass),
+        # then users_model's gradients (2,592, 8, 24 and 3 floats) from the last layer to
+        # the first, in 64-byte buckets, each its own reduction (no two neighbours fit
+        # together), then the loss tracker's total and count together.
+        # Both replicas make each call, in step (merge_call synchronises them).
+        expected = [[1], [3], [24], [8], [2592], [2]]
+        self.assertEqual(calls, [(algorithm, sizes) for sizes in expected for _ in range(2)])
+
+    def test_steps_per_execution(self):
+        # 5 steps run as executions of 3 + 2 must train exactly as 5 single steps.
+        strategy = self.strategy("allreduce", 2)
+        histories, weights = [], []
+        for steps in (1, 3):
+            with strategy.scope():
+                model = compiled(users_model)()
+                model.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=steps,
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            if weights:
+                model.set_weights(initial)
+            initial = model.get_weights()
+            histories.append(model.fit(testing.tiny_dataset(40, batch_size=8),
+                                       verbose=0).history)
+            weights.append(model.get_weights())
+        self.assertAllClose(histories[0], histories[1], rtol=1e-6)
+        self.assertAllClose(weights[0], weights[1], rtol=1e-6, atol=1e-7)
+
+    def test_dataset_of_unknown_length(self):
+        # filter() hides the length.
+        dataset = testing.tiny_dataset(40, batch_size=8).filter(lambda x, y: True)
+        self.assertEqual(int(dataset.cardinality()), tf.data.UNKNOWN_CARDINALITY)
+        self.assertMatchesSingleDevice(compiled(users_model), dataset,
+                                       self.strategy("allreduce", 2))
+
+    def test_a_model_that_overrides_train_step_keeps_it(self):
+        steps = []
+
+        class OwnStep(keras.Model):
+            def train_step(self, data):
+                steps.append("own")
+                return super().train_step(data)
+
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            inputs = keras.Input((18, 18, 1))
+            model = OwnStep(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+            model.compile(optimizer="sgd",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(testing.tiny_dataset(), verbose=0)
+        self.assertNotEmpty(steps)
+
+    def test_errors(self):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = users_model()
+            model.compile(optimizer=keras.optimizers.AdamW(),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        with self.assertRaisesRegex(ConfigError, "does not support optimizer weight_decay"):
+            model.fit(testing.tiny_dataset(), verbose=0)
+        with self.assertRaisesRegex(ConfigError, r"one positive weight per replica \(2\)\. "
+                                                 r"Received: split_weights=\[1\]"):
+            self.strategy("allreduce", 2, split_weights=[1])
+        with self.assertRaisesRegex(ConfigError, "bytes_per_pack must be an integer >= 0"):
+            self.strategy("allreduce", 2, bytes_per_pack=-1)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,200 @@
+"""End-to-end runs of scripts/train.py in a subprocess, and its handling of bad flags."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from unittest import mock
+
+import tensorflow as tf
+from absl import flags
+from absl.testing import parameterized
+
+from tfpar import strategies
+from tfpar import training
+from tfpar.cli import common
+from tfpar.cli import train as train_cli
+from tfpar.cli import train_report
+from tfpar.errors import ClusterError
+
+FLAGS = flags.FLAGS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def train(*flags, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"), *flags],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_reports_each_device_set_and_writes_json(self):
+        output = os.path.join(self.get_temp_dir(), "results.json")
+        result = train("--strategy=allreduce", "--dataset=digits", "--num_devices=1,2",
+                       "--epochs=2", "--batch_size=128", "--scale_with_devices",
+                       f"--output={output}", "--verbose=0")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        lines = re.findall(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[(.*)\] \(\d+ images/s\)$",
+                           result.stdout, re.MULTILINE)
+        self.assertEqual(lines, ["CPU:0", "CPU:0, CPU:1"])
+        self.assertRegex(result.stdout, r"allreduce  \[CPU:0, CPU:1\]  256 +0\.1 ")
+        with open(output, encoding="utf-8") as f:
+            saved = json.load(f)
+        self.assertEqual([r["devices"] for r in saved["results"]], [["CPU:0"], ["CPU:0", "CPU:1"]])
+        self.assertEqual(saved["results"][1]["global_batch_size"], 256)
+        self.assertGreater(saved["results"][0]["test_accuracy"], 0.5)
+        self.assertLen(saved["results"][0]["epoch_seconds"], 2)
+
+    @parameterized.named_parameters(
+        ("unknown_strategy", ["--strategy=mirroed"], r"Unknown strategy 'mirroed'\. Available"),
+        ("unknown_allreduce", ["--strategy=allreduce", "--split_weights=1,x"],
+         r"--split_weights takes positive numbers"),
+        ("zero_devices", ["--num_devices=0"], r"--num_devices takes positive integers"),
+        ("non_numeric_devices", ["--num_devices=two"], r"--num_devices takes positive integers"),
+        ("too_many_devices", ["--num_devices=100"], r"from 1 to 64\. Received: 100"),
+        ("missing_gpu", ["--devices=GPU:3"], r"No such GPU"),
+        ("negative_lr", ["--lr=-1"], r"--lr must be a finite number > 0\. Received: --lr=-1"),
+        ("zero_epochs", ["--epochs=0"], r"epochs must be an integer >= 1"),
+        ("batch_below_replicas", ["--num_devices=4", "--batch_size=3"],
+         r"global batch size \(3\) is smaller than the number of replicas \(4\)"),
+        ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"],
+         r"--data_dir '/no/such' does not exist"),
+        ("output_folder_missing", ["--output=/no/such/r.json"], r"folder of output path .* does "
+                                                                 r"not exist"),
+        ("jit_on_cpu_replicas", ["--num_devices=2", "--jit_compile"],
+         r"--jit_compile cannot run on 2 CPU replicas"),
+        ("flag_for_other_strategy", ["--allreduce=ring"], r"--allreduce does not apply to "
+                                                          r"strategy 'mirrored'"),
+        ("negative_seed", ["--seed=-1"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
+        ("huge_seed", [f"--seed={2**32}"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
+        ("model_dir_is_a_file", [f"--model_dir={__file__}"], r"model_dir .* is a file; give a "
+                                                              r"folder"),
+        ("sync_batchnorm_without_batchnorm", ["--model=lenet", "--sync_batchnorm"],
+         r"--sync_batchnorm needs a model with BatchNorm layers; --model=lenet has none"),
+    )
+    def test_bad_input_exits_with_one_clear_line(self, flags, message):
+        # In-process (a subprocess per case would cost a TensorFlow start each); the
+        # subprocess test below checks that no traceback reaches the user.
+        argv = ["train.py", "--dataset=digits", "--epochs=1", "--verbose=0", *flags]
+        stderr = io.StringIO()
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as exit_:
+                common.exit_cleanly(train_cli.main)(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        self.assertEqual(exit_.exception.code, 2)
+        self.assertRegex(stderr.getvalue(), "^Error: .*" + message)
+
+    def test_results_are_printed_when_the_output_cannot_be_written_at_the_end(self):
+        output = os.path.join(self.get_temp_dir(), "r.json")
+        argv = ["train.py", "--dataset=synthetic", "--epochs=1", "--verbose=0",
+                "--batch_size=256", f"--output={output}"]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        full = OSError(28, "No space left on device")
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+                    mock.patch.object(train_cli.atomic_io, "write_json", side_effect=full), \
+                    self.assertRaises(SystemExit) as exit_:
+                common.exit_cleanly(train_cli.main)(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        self.assertEqual(exit_.exception.code, 2)
+        self.assertRegex(stderr.getvalue(), r"^Error: Could not write --output=.*r\.json \(No "
+                                            r"space left on device\); the results are printed")
+        printed = json.loads(stdout.getvalue()[stdout.getvalue().index("{"):
+                                               stdout.getvalue().rindex("}") + 1])
+        self.assertEqual(printed["results"][0]["dataset"], "synthetic")
+        self.assertFalse(os.path.exists(output))
+
+    def test_plot_of_the_curves(self):
+        folder = self.get_temp_dir()
+        output, plot = os.path.join(folder, "r.json"), os.path.join(folder, "curves.png")
+        argv = ["train.py", "--dataset=synthetic", "--epochs=2", "--verbose=0",
+                "--batch_size=256", "--num_devices=1,2", f"--output={output}", f"--plot={plot}"]
+        try:
+            FLAGS(argv)
+            with contextlib.redirect_stdout(io.StringIO()):
+                train_cli.main(argv[:1])
+        finally:
+            FLAGS.unparse_flags()
+        with open(plot, "rb") as f:
+            header = f.read(24)
+        self.assertEqual(header[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertEqual((int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")),
+                         (1300, 400))
+        with open(output, encoding="utf-8") as f:
+            results = [training.RunResult(**r) for r in json.load(f)["results"]]
+        figure = train_report.curves_figure(results)
+        accuracy, loss, seconds = figure.axes
+        for line, r in zip(accuracy.lines, results):
+            self.assertAllClose(line.get_ydata(), r.history["test_accuracy"])
+        for line, r in zip(loss.lines, results):
+            self.assertAllClose(line.get_ydata(), r.history["loss"])
+        self.assertAllClose([b.get_height() for b in seconds.patches],
+                            [r.sec_per_epoch for r in results])
+
+    def test_malformed_tf_config_under_mirrored_is_one_line(self):
+        with mock.patch.dict(os.environ, {"TF_CONFIG": "{bad"}):
+            with self.assertRaisesRegex(ClusterError, r"TF_CONFIG is not valid JSON"):
+                strategies.get("mirrored", 1)
+
+    def test_user_error_has_no_traceback(self):
+        result = train("--strategy=mirroed")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("Error: Unknown strategy 'mirroed'. Available strategies:", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_bad_flag_value_is_rejected_by_absl(self):
+        result = train("--lr=fast")
+        self.assertEqual(result.returncode, 2)  # The same status as tfpar's own checks.
+        self.assertIn("flag --lr=fast: could not convert string to float", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_help_lists_the_flags(self):
+        result = train("--help")
+        self.assertEqual(result.returncode, 0)
+        for flag in ("--strategy", "--num_devices", "--[no]scale_with_devices", "--allreduce",
+                     "--split_weights", "--output", "--plot", "--logdir"):
+            self.assertIn(flag, result.stdout)
+        self.assertNotIn("oneDNN", result.stdout + result.stderr)  # TensorFlow never started.
+        # Grouped: every flag of the program in exactly one group, groups in order.
+        defined = {flag.name for flag in FLAGS.get_flags_for_module(train_cli.__name__)}
+        grouped = [name for names in train_cli.HELP_GROUPS.values() for name in names]
+        self.assertCountEqual(grouped, defined)
+        positions = [result.stdout.index(f"\n{title}:\n") for title in train_cli.HELP_GROUPS]
+        self.assertEqual(positions, sorted(positions))
+
+    def test_flags_are_checked_before_tensorflow_is_imported(self):
+        # --help and flag errors answer at once because the programs' modules import no
+        # TensorFlow; tfpar's own checks of the simple flags run before it too.
+        for program in ("benchmark", "env", "launch"):
+            result = subprocess.run(
+                [sys.executable, "-c", f"import sys; from tfpar.cli import {program}; "
+                                       "print('tensorflow' in sys.modules)"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.stdout.strip(), "False", program + result.stderr[-2000:])
+        code = ("import sys\n"
+                "from tfpar.cli import train\n"
+                "from absl import flags\n"
+                "flags.FLAGS(['train.py', '--lr=-1'])\n"
+                "try:\n"
+                "    train.config_from_flags()\n"
+                "except Exception as e:\n"
+                "    print(type(e).__name__, e)\n"
+                "print('tensorflow' in sys.modules)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.stdout.splitlines(),
+                         ["ConfigError lr must be a finite number > 0. Received: lr=-1.0.",
+                          "False"], result.stderr[-2000:])
+
+
+if __name__ == "__main__":
+    tf.test.main()

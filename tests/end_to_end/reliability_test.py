@@ -1,0 +1,101 @@
+"""Reliability: divergence stops with a useful message, runs reproduce, interrupts lose nothing."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfpar import data
+from tfpar import testing
+from tfpar import training
+from tfpar.errors import NonFiniteLossError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "scripts", "train.py")
+
+
+def small_splits():
+    return data.load("synthetic", image_shape=(28, 28, 1), synthetic_size=(96, 32))
+
+
+class NonFiniteLossTest(testing.StrategyTestCase):
+
+    def test_stops_at_the_first_non_finite_loss_and_keeps_results(self):
+        config = training.TrainConfig(strategy="allreduce", dataset="synthetic", lr=1e12,
+                                      batch_size=32, epochs=3, verbose=0)
+        with self.assertRaisesRegex(NonFiniteLossError,
+                                    r"the loss became (nan|inf) at epoch 1, step \d, on "
+                                    r"\[CPU:0, CPU:1\]\. The learning rate \(1e\+12\) is "
+                                    r"probably too high for the batch size \(32\); lower lr\."
+                                    ) as raised:
+            training.train_on_devices(config, 2, small_splits())
+        self.assertLen(raised.exception.results, 1)
+        self.assertLen(raised.exception.results[0].epoch_seconds, 1)  # Stopped in epoch 1.
+
+    def test_script_writes_what_was_measured(self):
+        output = os.path.join(self.get_temp_dir(), "diverged.json")
+        result = subprocess.run(
+            [sys.executable, TRAIN, "--dataset=digits", "--num_devices=1", "--epochs=2",
+             "--lr=1e12", "--verbose=0", f"--output={output}"],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("Error: Training stopped: the loss became", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        with open(output, encoding="utf-8") as f:
+            self.assertLen(json.load(f)["results"], 1)
+
+
+class ReproducibilityTest(testing.StrategyTestCase):
+
+    def test_seed_and_determinism_reproduce_weights_and_accuracy(self):
+        base = self.get_temp_dir()
+        config = training.TrainConfig(strategy="mirrored", dataset="synthetic", epochs=2,
+                                      batch_size=32, verbose=0, deterministic=True, seed=7)
+        runs = [training.train_on_devices(
+                    dataclasses.replace(config, model_dir=os.path.join(base, str(i))), 2,
+                    small_splits()) for i in range(2)]
+        self.assertEqual(runs[0].test_accuracy, runs[1].test_accuracy)
+        self.assertEqual(runs[0].history["loss"], runs[1].history["loss"])
+        readers = [tf.train.load_checkpoint(os.path.join(base, str(i), "mirrored_2_devices"))
+                   for i in range(2)]
+        names = [n for n in readers[0].get_variable_to_shape_map() if "VARIABLE" in n]
+        for name in names:
+            np.testing.assert_array_equal(readers[0].get_tensor(name),
+                                          readers[1].get_tensor(name), err_msg=name)
+
+
+class InterruptTest(tf.test.TestCase):
+
+    def test_sigterm_keeps_the_old_results_and_a_resumable_state(self):
+        base = self.get_temp_dir()
+        output, model_dir = os.path.join(base, "results.json"), os.path.join(base, "state")
+        with open(output, "w", encoding="utf-8") as f:
+            f.write('{"previous": "complete"}\n')
+        job = subprocess.Popen(
+            [sys.executable, TRAIN, "--dataset=digits", "--num_devices=1", "--epochs=200",
+             "--verbose=0", f"--output={output}", f"--model_dir={model_dir}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state = os.path.join(model_dir, "mirrored_1_devices")
+        deadline = time.monotonic() + 240
+        while tf.train.latest_checkpoint(state) is None:
+            self.assertIsNone(job.poll(), job.stderr.read() if job.poll() is not None else "")
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=120)
+        self.assertEqual(job.returncode, 130, stderr[-2000:])
+        self.assertIn("Interrupted. Result files are untouched or complete", stderr)
+        with open(output, encoding="utf-8") as f:
+            self.assertEqual(json.load(f), {"previous": "complete"})
+        self.assertEqual([n for n in os.listdir(base) if n.endswith(".tmp")], [])
+        self.assertIsNotNone(tf.train.latest_checkpoint(state))
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,64 @@
+"""Tests of the package's namespaces: every module and public name reachable, lazily."""
+
+import subprocess
+import sys
+
+import tensorflow as tf
+
+# The programs (each defines its flags: one per process) and the modules they read before they
+# import TensorFlow (flags, --help, listings).
+PROGRAMS = ("tfpar.cli.train", "tfpar.cli.benchmark", "tfpar.cli.launch", "tfpar.cli.env")
+TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.multiworker.cluster",
+                   "tfpar.multiworker.launcher", "tfpar.multiworker.strategy",
+                   "tfpar.training.config", "tfpar.data.catalog", "tfpar.benchmark.runner",
+                   "tfpar.benchmark.report", "tfpar.env")
+
+
+def run(code: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.split()
+
+
+class LazyExportsTest(tf.test.TestCase):
+
+    def test_import_tfpar_imports_no_tensorflow_and_reaches_every_module_and_name(self):
+        lines = run(
+            "import importlib, pkgutil, sys, tfpar\n"
+            "print('tensorflow' in sys.modules)\n"
+            "for m in pkgutil.walk_packages(tfpar.__path__, 'tfpar.'):\n"
+            f"    if m.name in {PROGRAMS!r}:\n"
+            "        continue\n"
+            "    module = tfpar\n"
+            "    for part in m.name.split('.')[1:]:\n"
+            "        module = getattr(module, part)\n"  # tfpar.a.b as attributes.
+            "    for public in getattr(module, '__all__', ()):\n"
+            "        getattr(module, public)\n"
+            "    print(m.name)\n")
+        self.assertEqual(lines[0], "False")
+        for module in ("tfpar.strategies.registry", "tfpar.allreduce.step",
+                       "tfpar.callbacks.batchnorm_statistics", "tfpar.benchmark.worker",
+                       "tfpar.data.pipelines", "tfpar.multiworker.private_network",
+                       "tfpar.training.building", "tfpar.cli.train_report"):
+            self.assertIn(module, lines)
+
+    def test_the_command_line_modules_import_no_tensorflow(self):
+        for program in PROGRAMS:
+            lines = run("import importlib, sys\n"
+                        f"for name in {(program, *TENSORFLOW_FREE)!r}:\n"
+                        "    importlib.import_module(name)\n"
+                        "from tfpar import strategies\n"
+                        "strategies.available(), strategies.entry('allreduce').options()\n"
+                        "print('tensorflow' in sys.modules)\n")
+            self.assertEqual(lines, ["False"], program)
+
+    def test_a_name_that_does_not_exist(self):
+        import tfpar.data
+
+        with self.assertRaisesRegex(AttributeError, "module 'tfpar.data' has no attribute 'lod'"):
+            tfpar.data.lod  # noqa: B018
+
+
+if __name__ == "__main__":
+    tf.test.main()

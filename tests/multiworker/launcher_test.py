@@ -1,0 +1,172 @@
+"""Tests of the local launcher: TF_CONFIG per worker, failures, private network, signals."""
+
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+from tfpar.errors import ConfigError
+from tfpar.multiworker import launcher
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class LauncherTest(tf.test.TestCase):
+
+    def test_a_failing_worker_stops_the_others(self):
+        code = ("import json, os, sys, time\n"
+                "rank = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+                "print('started', flush=True)\n"
+                "sys.exit(3) if rank == 1 else time.sleep(60)\n")
+        out = io.StringIO()
+        start = time.monotonic()
+        status = launcher.launch([sys.executable, "-c", code], 2, out=out)
+        self.assertEqual(status, 3)
+        self.assertLess(time.monotonic() - start, 30)  # Worker 0 was stopped, not waited for.
+        self.assertIn("[worker 0] started", out.getvalue())
+        self.assertIn("[worker 1] started", out.getvalue())
+        self.assertIn("launcher: worker 1 exited with 3; stopped the other workers.",
+                      out.getvalue())
+
+    def test_each_worker_gets_its_own_tf_config(self):
+        configs = [json.loads(c) for c in launcher.tf_configs(3)]
+        self.assertEqual([c["task"]["index"] for c in configs], [0, 1, 2])
+        workers = configs[0]["cluster"]["worker"]
+        self.assertLen(set(workers), 3)
+        self.assertTrue(all(w.startswith("127.0.0.1:") for w in workers))
+
+    def test_empty_command(self):
+        with self.assertRaisesRegex(launcher.ConfigError, "The command to run is empty"):
+            launcher.launch([], 2)
+
+    def test_a_program_that_cannot_run(self):
+        with self.assertRaisesRegex(launcher.ConfigError, r"Cannot run '/nonexistent': No such "
+                                                          r"file or directory\. Give a program"):
+            launcher.launch(["/nonexistent", "x"], 2)
+
+    def test_a_host_that_is_not_this_machine(self):
+        with self.assertRaisesRegex(launcher.ConfigError, r"Cannot open a port on host "
+                                                          r"'10\.255\.255\.1' .*give one of its "
+                                                          r"addresses, e\.g\. 127\.0\.0\.1"):
+            launcher.launch([sys.executable, "-c", "pass"], 2, host="10.255.255.1",
+                            network="host")
+
+    def test_a_private_network_has_only_loopback(self):
+        with self.assertRaisesRegex(ConfigError, r"A private network has only loopback: host "
+                                                 r"must be a loopback address .* Received: "
+                                                 r"'10\.0\.0\.1'"):
+            launcher.launch([sys.executable, "-c", "pass"], 2, host="10.0.0.1")
+
+    def test_starts_again_with_new_ports_when_a_port_was_taken(self):
+        marker = os.path.join(self.get_temp_dir(), "tried")
+        code = ("import os, sys\n"
+                f"marker = {marker!r} + os.environ['TF_CONFIG'][-3]\n"
+                "if not os.path.exists(marker):\n"
+                "    open(marker, 'w').close()\n"
+                "    sys.exit(75)\n"
+                "print('port', os.environ['TF_CONFIG'].split(':')[-3][:5], flush=True)\n")
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", code], 2, out=out, network="host")
+        self.assertEqual(status, 0, out.getvalue())
+        self.assertIn("launcher: a worker's port was taken by another program; starting again "
+                      "with new ports (attempt 2 of 3).", out.getvalue())
+        self.assertIn("listen on every network interface, unauthenticated", out.getvalue())
+
+    def test_workers_listen_on_a_private_loopback_and_stop_on_sigterm(self):
+        process = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2", "--",
+             sys.executable, os.path.join(HERE, "multi_worker_worker.py"), "serve"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        try:
+            ready = {}
+            for line in process.stdout:  # Event-driven: each worker says when it is in.
+                match = re.match(r"\[worker (\d)\] ready (\d+) (\d+)", line)
+                if match:
+                    ready[match[1]] = (int(match[2]), int(match[3]))
+                if len(ready) == 2:
+                    break
+            self.assertLen(ready, 2)
+            pid, port = ready["1"]
+            listening = re.compile(rf"^\s*\d+: [0-9A-F]+:{port:04X} [0-9A-F]+:0000 0A ", re.M)
+            with open(f"/proc/{pid}/net/tcp6") as f6, open(f"/proc/{pid}/net/tcp") as f4:
+                self.assertRegex(f6.read() + f4.read(), listening)  # Inside the job: listening.
+            for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # Outside it: nothing there.
+                with open(table) as f:
+                    self.assertNotRegex(f.read(), listening)
+            with open(f"/proc/{pid}/net/dev") as f:
+                self.assertEqual([l.split(":")[0].strip() for l in f.readlines()[2:]], ["lo"])
+            with self.assertRaises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            # TensorFlow's preemption notifier would swallow SIGTERM: the worker must stop.
+            os.kill(pid, signal.SIGTERM)
+            rest = process.communicate(timeout=60)[0]
+        finally:
+            process.kill()
+        self.assertIn("launcher: worker 1 was killed by signal 15; stopped the other workers.",
+                      rest)
+
+    def test_only_the_chief_reports(self):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2", "--",
+             sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--strategy=multi_worker",
+             "--dataset=digits", "--epochs=1", "--batch_size=256"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:])
+        self.assertEqual(re.findall(r"\[worker (\d)\] test acc:", result.stdout), ["0"])
+        self.assertEqual(re.findall(r"\[worker (\d)\] strategy +devices", result.stdout), ["0"])
+        # Progress bars too: Keras's step counter appears on worker 0 only.
+        self.assertNotRegex(result.stdout, r"\[worker 1\] .*\d+/\d+ ")
+        self.assertNotIn("shuffle=True was passed", result.stdout)
+
+    def test_a_worker_told_to_stop_keeps_a_resumable_state(self):
+        model_dir = os.path.join(self.get_temp_dir(), "state")
+        command = [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
+                   "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+                   "--strategy=multi_worker", "--dataset=digits", "--batch_size=256",
+                   f"--model_dir={model_dir}", "--verbose=2"]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        process = subprocess.Popen(command + ["--epochs=1000"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            for line in process.stdout:
+                if "Saved training state after epoch 2 " in line:
+                    break
+            workers = [int(p) for p in subprocess.run(
+                ["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()]
+            self.assertLen(workers, 2)
+            os.kill(max(workers), signal.SIGTERM)  # One worker, as a scheduler would.
+            rest = process.communicate(timeout=60)[0]
+        finally:
+            process.kill()
+        self.assertEqual(process.returncode, 130, rest[-3000:])
+        self.assertRegex(rest, r"\[worker 1\] Interrupted\. .*the state of the last finished "
+                               r"epoch is there")
+        self.assertIn("launcher: worker 1 exited with 130; stopped the other workers.", rest)
+        resumed = subprocess.run(command + ["--epochs=3"], capture_output=True, text=True,
+                                 env=env, timeout=300)
+        self.assertEqual(resumed.returncode, 0, resumed.stdout[-3000:])
+        self.assertRegex(resumed.stdout, r"\[worker 0\] Resuming from .*ckpt-[23]")
+
+    def test_the_script_answers_bad_input_with_one_line(self):
+        for command, message in ((["--", "/nonexistent"], "Error: Cannot run '/nonexistent'"),
+                                 ([], "Error: Give the command to run after '--'")):
+            result = subprocess.run(
+                [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), *command],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 2)
+            self.assertNotIn("Traceback", result.stderr)
+            self.assertIn(message, result.stderr)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,60 @@
+"""A worker for multi_worker_test: trains with fit under a multi-worker entry, saves the weights.
+
+Usage (through the launcher):
+multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
+    [FIX]]: FIX names a tfpar.keras_fixes fix to remove (to show the defect it fixes)
+multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from tfpar import keras_fixes
+from tfpar import strategies
+from tfpar import testing
+from tfpar.multiworker.cluster import is_chief
+
+
+def main(name: str, initial_path: str, output_path: str, options: str = "{}",
+         without_fix: str = "") -> None:
+    strategy = strategies.get(name, 1, **json.loads(options))  # Before any other TF op.
+    if without_fix:
+        keras_fixes.uninstall((without_fix,))
+    with strategy.scope():
+        model = testing.tiny_model()
+    model.set_weights(list(np.load(initial_path).values()))
+    if name == "multi_worker":
+        # 3 steps of 8 over 2 workers (4 each). Keras's step weighs uneven shards inexactly,
+        # so the batches divide evenly here.
+        model.fit(dataset(24), verbose=0, shuffle=False)
+    else:
+        # The all-reduce step is exact on uneven shards too: the last batch of 7 splits 4+3.
+        model.fit(dataset(23), verbose=0, shuffle=False)
+    if is_chief(strategy):
+        np.savez(output_path, *model.get_weights())
+
+
+def serve() -> None:
+    strategy = strategies.get("multi_worker", 1)
+    import tensorflow as tf
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    port = config["cluster"]["worker"][config["task"]["index"]].rsplit(":", 1)[1]
+    print("ready", os.getpid(), port, flush=True)
+    step = tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)),
+                                               axis=None))
+    while True:
+        step()
+        time.sleep(0.05)
+
+
+def dataset(num_examples: int):
+    return testing.tiny_dataset(num_examples=num_examples, batch_size=8)
+
+
+if __name__ == "__main__":
+    serve() if sys.argv[1:] == ["serve"] else main(*sys.argv[1:])

@@ -1,0 +1,66 @@
+"""Tests of the registry: user entries, entry points, errors; listing without TensorFlow."""
+
+from importlib import metadata
+from unittest import mock
+
+import tensorflow as tf
+
+from tfpar import strategies
+from tfpar import testing
+from tfpar.errors import RegistryError
+from tfpar.strategies import registry
+
+
+class RegisterTest(testing.StrategyTestCase):
+
+    def tearDown(self):
+        for name in ("mine", "plugin_strategy"):
+            if name in strategies.available():
+                strategies.unregister(name)
+        super().tearDown()
+
+    def test_register_as_decorator_and_get(self):
+        @strategies.register("mine", description="My strategy.")
+        def mine(devices, scale: int = 1):
+            return tf.distribute.MirroredStrategy(devices.tf_names)
+
+        self.assertEqual(strategies.available()["mine"], "My strategy.")
+        self.assertEqual(strategies.entry("mine").options(), {"scale": 1})
+        self.assertEqual(strategies.get("mine", 2, scale=3).num_replicas_in_sync, 2)
+        self.assertTrue(callable(mine))
+
+    def test_duplicate_name_raises_unless_override(self):
+        strategies.register("mine", lambda devices: tf.distribute.get_strategy())
+        with self.assertRaisesRegex(RegistryError, r"'mine' is already registered; pass "
+                                                   r"override=True"):
+            strategies.register("mine", lambda devices: tf.distribute.get_strategy())
+        strategies.register("mine", lambda devices: tf.distribute.OneDeviceStrategy("/cpu:0"),
+                            override=True)
+        self.assertIsInstance(strategies.get("mine"), tf.distribute.OneDeviceStrategy)
+
+    def test_factory_returning_none_is_an_error(self):
+        strategies.register("mine", lambda devices: None)
+        with self.assertRaisesRegex(TypeError, r"returned None, not a tf\.distribute\.Strategy"):
+            strategies.get("mine")
+
+    def test_invalid_name(self):
+        with self.assertRaisesRegex(RegistryError, r"Received: name='my strategy'"):
+            strategies.register("my strategy", lambda devices: None)
+
+    def test_entry_point_plugins_are_found(self):
+        def plugin_strategy(devices):
+            """A plugin's strategy."""
+            return tf.distribute.OneDeviceStrategy(devices.tf_names[0])
+
+        point = mock.Mock(spec=metadata.EntryPoint)
+        point.name = "plugin_strategy"
+        point.load.return_value = plugin_strategy
+        with mock.patch.object(registry.metadata, "entry_points", return_value=[point]) as eps, \
+                mock.patch.object(registry, "_entry_points_loaded", False):
+            self.assertEqual(strategies.available()["plugin_strategy"], "A plugin's strategy.")
+            eps.assert_called_once_with(group="tfpar.strategies")
+        self.assertIsInstance(strategies.get("plugin_strategy"), tf.distribute.OneDeviceStrategy)
+
+
+if __name__ == "__main__":
+    tf.test.main()

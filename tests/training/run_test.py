@@ -1,0 +1,100 @@
+"""Tests of training runs' performance options: dtype policies, XLA, profiling."""
+
+import dataclasses
+import glob
+import math
+import os
+
+import keras
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar import data
+from tfpar import testing
+from tfpar import training
+from tfpar.errors import ConfigError
+
+
+def splits():
+    return data.load("synthetic", image_shape=(28, 28, 1), synthetic_size=(64, 16))
+
+
+CONFIG = training.TrainConfig(dataset="synthetic", epochs=1, batch_size=32, verbose=0)
+
+
+class OptionsTest(testing.StrategyTestCase):
+
+    @parameterized.product(strategy=("mirrored", "allreduce"),
+                           dtype=("mixed_float16", "mixed_bfloat16"))
+    def test_mixed_precision_trains_and_restores_the_policy(self, strategy, dtype):
+        result = training.train_on_devices(
+            dataclasses.replace(CONFIG, strategy=strategy, dtype=dtype), 2, splits())
+        self.assertTrue(all(map(math.isfinite, result.history["loss"])))
+        self.assertEqual(keras.mixed_precision.global_policy().name, "float32")
+
+    @parameterized.parameters("mirrored", "allreduce")
+    def test_jit_compile_on_one_device(self, strategy):
+        result = training.train_on_devices(
+            dataclasses.replace(CONFIG, strategy=strategy, jit_compile=True), 1, splits())
+        self.assertLen(result.epoch_seconds, 1)
+
+    @parameterized.parameters("mirrored", "allreduce")
+    def test_every_epoch_runs_exactly_its_steps_whatever_steps_per_execution(self, strategy):
+        # 64 examples in batches of 24: 3 steps an epoch; calls of 2 steps must not run a 4th.
+        iterations = []
+        record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: iterations.append(
+            int(record.model.optimizer.iterations.numpy())))
+        training.train_on_devices(
+            dataclasses.replace(CONFIG, strategy=strategy, epochs=2, batch_size=24,
+                                steps_per_execution=2), 2, splits(), callbacks=[record])
+        self.assertEqual(iterations, [3, 6])
+
+    def test_logdir_writes_tensorboard_scalars_per_device_set(self):
+        logdir = self.get_temp_dir()
+        training.train_on_devices(dataclasses.replace(CONFIG, epochs=2, logdir=logdir), 2,
+                                  splits())
+        events = glob.glob(os.path.join(logdir, "mirrored_2_devices", "train", "events.*"))
+        self.assertLen(events, 1)
+        scalars = {}
+        for event in tf.compat.v1.train.summary_iterator(events[0]):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    float(tf.make_ndarray(value.tensor)))
+        self.assertLen(scalars["epoch_loss"], 2)
+        self.assertLen(scalars["epoch_accuracy"], 2)
+        self.assertTrue(all(math.isfinite(v) for v in scalars["epoch_loss"]))
+        for tfpar_scalar in ("epoch_test_accuracy", "epoch_epoch_seconds",
+                             "epoch_images_per_second"):
+            self.assertLen(scalars[tfpar_scalar], 2, msg=tfpar_scalar)
+        texts = [tf.make_ndarray(value.tensor).item().decode()
+                 for path in glob.glob(os.path.join(logdir, "mirrored_2_devices", "tfpar", "*"))
+                 for event in tf.compat.v1.train.summary_iterator(path)
+                 for value in event.summary.value if value.tag == "device_set"]
+        self.assertEqual(texts, ["CPU:0, CPU:1"])
+
+    @parameterized.parameters(-1, 2**32, 1.5)
+    def test_seed_out_of_range(self, seed):
+        with self.assertRaisesRegex(ConfigError, r"seed must be an integer from 0 to 2\*\*32 - 1\. "
+                                                 rf"Received: seed={seed}"):
+            dataclasses.replace(CONFIG, seed=seed)
+
+    def test_jit_compile_refused_on_cpu_replicas(self):
+        with self.assertRaisesRegex(ConfigError, "^jit_compile cannot run on 2 CPU replicas"):
+            training.train_on_devices(dataclasses.replace(CONFIG, jit_compile=True), 2,
+                                      splits())
+
+    def test_profile_steps_write_a_trace(self):
+        folder = os.path.join(self.get_temp_dir(), "profile")
+        training.train_on_devices(
+            dataclasses.replace(CONFIG, profile_steps=(1, 1), profile_dir=folder), 1, splits())
+        self.assertNotEmpty(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+
+    def test_bad_options(self):
+        with self.assertRaisesRegex(ConfigError, "dtype must be one of float32, bfloat16"):
+            dataclasses.replace(CONFIG, dtype="float8")
+        with self.assertRaisesRegex(ConfigError, r"profile_steps is \(first, last\)"):
+            dataclasses.replace(CONFIG, profile_steps=(3, 2))
+
+
+if __name__ == "__main__":
+    tf.test.main()

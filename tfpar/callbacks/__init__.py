@@ -1,0 +1,17 @@
+"""The Keras callbacks a tfpar run uses; each works under every registry entry.
+
+- :mod:`.timing`: :class:`EpochTimer`, seconds per epoch and images/s;
+- :mod:`.non_finite_loss`: :class:`StopOnNonFiniteLoss`, stops on a NaN or infinite loss;
+- :mod:`.profiling`: :class:`ProfileSteps`, traces steps for TensorBoard's profiler;
+- :mod:`.checkpointing`: :class:`EpochCheckpoint`, kill-and-resume;
+- :mod:`.batchnorm_statistics`: :class:`AverageAtEpochEnd`, replicas' BatchNorm statistics
+  averaged before evaluating and saving.
+"""
+
+from tfpar import lazy_exports
+
+lazy_exports.install(__name__, {
+    "EpochTimer": "timing", "StopOnNonFiniteLoss": "non_finite_loss",
+    "ProfileSteps": "profiling", "EpochCheckpoint": "checkpointing",
+    "AverageAtEpochEnd": "batchnorm_statistics",
+})

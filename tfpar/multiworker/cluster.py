@@ -1,0 +1,301 @@
+"""Multi-worker clusters: where the workers are, checked before any connection is tried.
+
+The cluster comes from ``TF_CONFIG`` (set by Kubernetes TFJob, Vertex AI, or
+:mod:`tfpar.multiworker.launcher`), from SLURM (TensorFlow's ``SlurmClusterResolver``), or from explicit
+``worker_hosts`` and ``task_index``. A malformed or inconsistent spec raises
+:class:`~tfpar.errors.ClusterError` saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from absl import logging
+
+from tfpar.errors import ClusterError
+from tfpar.errors import PortTakenError
+
+if TYPE_CHECKING:  # Imported where used: the command line reads this module's constants.
+    import tensorflow as tf
+
+SOURCES = ("auto", "tf_config", "slurm", "flags")
+TASK_TYPES = ("chief", "worker")
+DEFAULT_TIMEOUT_SECONDS = 300.0
+REPORT_EVERY_SECONDS = 5.0
+# Set to "1" by the launcher when the workers run on a private network (tfpar.multiworker.private_network).
+PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
+
+
+def _check_address(address: Any, where: str) -> None:
+    host, sep, port = str(address).rpartition(":")
+    if not (isinstance(address, str) and sep and host and port.isdigit()
+            and 1 <= int(port) <= 65535):
+        raise ClusterError(f"{where}: addresses are 'host:port' with a port from 1 to 65535. "
+                           f"Received: {address!r}.")
+
+
+def check_spec(cluster: Any, task_type: Any, task_index: Any) -> None:
+    """Raises unless ``cluster`` and the task describe a usable cluster.
+
+    Args:
+        cluster: ``{"worker": ["host:port", ...], "chief": [...]}`` (chief optional).
+        task_type: This process's task type (``"worker"`` or ``"chief"``).
+        task_index: This process's index within its task type.
+
+    Raises:
+        ClusterError: On any malformed or inconsistent part.
+    """
+    if not isinstance(cluster, dict) or not cluster.get("worker") and not cluster.get("chief"):
+        raise ClusterError("The cluster needs a 'worker' list of 'host:port' addresses "
+                           f"(and optionally one 'chief'). Received: cluster={cluster!r}.")
+    unknown = sorted(set(cluster) - set(TASK_TYPES))
+    if unknown:
+        raise ClusterError(f"Unsupported task type(s) {', '.join(unknown)} in the cluster; "
+                           f"allowed: {', '.join(TASK_TYPES)}.")
+    seen = set()
+    for kind, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses:
+            raise ClusterError(f"cluster[{kind!r}] must be a non-empty list of 'host:port'. "
+                               f"Received: {addresses!r}.")
+        for address in addresses:
+            _check_address(address, f"cluster[{kind!r}]")
+            if address in seen:
+                raise ClusterError(f"Address {address} appears twice in the cluster.")
+            seen.add(address)
+    if len(cluster.get("chief", [])) > 1:
+        raise ClusterError(f"A cluster has at most one chief. Received: {cluster['chief']}.")
+    if task_type not in cluster:
+        raise ClusterError(f"This task's type {task_type!r} is not in the cluster "
+                           f"({', '.join(cluster)}).")
+    if (isinstance(task_index, bool) or not isinstance(task_index, int)
+            or not 0 <= task_index < len(cluster[task_type])):
+        raise ClusterError(f"The task index must be from 0 to {len(cluster[task_type]) - 1} for "
+                           f"{len(cluster[task_type])} {task_type}(s). Received: {task_index!r}.")
+
+
+def parse_tf_config(text: str) -> tuple[dict, str, int]:
+    """Parses and checks a ``TF_CONFIG`` value.
+
+    Returns:
+        ``(cluster, task_type, task_index)``.
+
+    Raises:
+        ClusterError: If it is not JSON or describes no usable cluster.
+    """
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos}). It "
+                           'looks like {"cluster": {"worker": ["host:port", ...]}, "task": '
+                           '{"type": "worker", "index": 0}}.') from None
+    if not isinstance(config, dict) or not isinstance(config.get("task"), dict):
+        raise ClusterError('TF_CONFIG needs "cluster" and "task" ({"type": ..., "index": ...}). '
+                           f"Received: {text!r}.")
+    task = config["task"]
+    check_spec(config.get("cluster"), task.get("type"), task.get("index"))
+    return config["cluster"], task["type"], task["index"]
+
+
+def resolver(source: str = "auto", worker_hosts: Optional[Sequence[str]] = None,
+             task_index: Optional[int] = None
+             ) -> Optional[tf.distribute.cluster_resolver.ClusterResolver]:
+    """Returns the cluster resolver for ``source``, after checking the spec.
+
+    Args:
+        source: ``"tf_config"``, ``"slurm"``, ``"flags"`` (``worker_hosts`` and
+            ``task_index``), or ``"auto"``: flags when ``worker_hosts`` is given, else
+            ``TF_CONFIG`` when set, else SLURM when ``SLURM_JOB_ID`` is set, else ``None``
+            (a single worker).
+        worker_hosts: ``host:port`` of every worker (``"flags"``).
+        task_index: This worker's index in ``worker_hosts`` (``"flags"``).
+
+    Returns:
+        A ``ClusterResolver``, or ``None`` for a single local worker.
+
+    Raises:
+        ClusterError: If the source is unknown or the spec is malformed.
+    """
+    import tensorflow as tf
+
+    if source not in SOURCES:
+        raise ClusterError(f"Unknown cluster source {source!r}. Allowed: {', '.join(SOURCES)}.")
+    if source == "auto":
+        source = ("flags" if worker_hosts else "tf_config" if os.environ.get("TF_CONFIG")
+                  else "slurm" if os.environ.get("SLURM_JOB_ID") else None)
+    if source is None:
+        return None
+    if source == "flags":
+        hosts = list(worker_hosts or [])
+        check_spec({"worker": hosts}, "worker", task_index)
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": hosts}), task_type="worker", task_id=task_index,
+            rpc_layer="grpc")
+    if source == "tf_config":
+        if not os.environ.get("TF_CONFIG"):
+            raise ClusterError("cluster source 'tf_config' needs the TF_CONFIG environment "
+                               "variable, which is not set.")
+        parse_tf_config(os.environ["TF_CONFIG"])
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if not os.environ.get("SLURM_JOB_ID"):
+        raise ClusterError("cluster source 'slurm' needs a SLURM job (SLURM_JOB_ID is not set).")
+    return tf.distribute.cluster_resolver.SlurmClusterResolver()
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Returns whether this process is the chief (the one that writes results and files).
+
+    The chief is the ``chief`` task, or worker 0 when the cluster has no chief; a
+    single-process strategy is always its own chief.
+    """
+    cluster_resolver = getattr(strategy, "cluster_resolver", None)
+    if cluster_resolver is None or not cluster_resolver.task_type:
+        return True
+    spec = cluster_resolver.cluster_spec().as_dict()
+    if cluster_resolver.task_type == "chief":
+        return True
+    return "chief" not in spec and cluster_resolver.task_id == 0
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _accepts_connections(address: str) -> bool:
+    try:
+        with socket.create_connection(_split(address), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,
+                   timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                   report: Callable[[str], None] = logging.warning,
+                   report_every: float = REPORT_EVERY_SECONDS) -> None:
+    """Waits until every other task of the cluster is up, saying what it waits for.
+
+    TensorFlow's own wait for the cluster (inside the strategy's constructor) is silent,
+    endless, and deaf to SIGTERM and Ctrl-C. This one runs first, in Python: it holds this
+    task's port (so the peers see it is up, and a port already taken is found at once), polls
+    the peers' ports, reports which are missing every ``report_every`` seconds, and gives up
+    after ``timeout``. A signal interrupts it like any Python code.
+
+    Args:
+        cluster_resolver: The cluster, with this task's type and index.
+        timeout: Seconds to wait for the peers before giving up.
+        report: Called with each "waiting for ..." message.
+        report_every: Seconds between messages.
+
+    Raises:
+        PortTakenError: If this task's port is in use by another program.
+        ClusterError: If a peer is not up after ``timeout`` seconds.
+    """
+    spec = cluster_resolver.cluster_spec()
+    me = (cluster_resolver.task_type, cluster_resolver.task_id)
+    tasks = {(job, index): spec.task_address(job, index)
+             for job in spec.jobs for index in spec.task_indices(job)}
+    own = tasks.pop(me, None)
+    if own is None or not tasks:
+        return
+    port = _split(own)[1]
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("", port))  # As TensorFlow's server will bind it.
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTakenError(f"Port {port} of this {me[0]} ({own}) is in use by "
+                                     "another program. Give the cluster free ports.") from None
+            raise ClusterError(f"Cannot listen at {own} ({e.strerror}).") from None
+        listener.listen(64)
+        listener.setblocking(False)
+        missing = dict(sorted(tasks.items()))
+        start, since = time.monotonic(), time.strftime("%H:%M:%S")
+        next_report = start + report_every
+        while True:
+            try:
+                while True:  # Answer the peers' probes.
+                    listener.accept()[0].close()
+            except (BlockingIOError, InterruptedError):
+                pass
+            for task, address in list(missing.items()):
+                if _accepts_connections(address):
+                    del missing[task]
+            if not missing:
+                return
+            waited = time.monotonic() - start
+            names = ", ".join(f"{job} {index} ({address})"
+                              for (job, index), address in missing.items())
+            if waited > timeout:
+                raise ClusterError(f"{names[0].upper()}{names[1:]} did not come up within "
+                                   f"{timeout:g} s. Start every task of the cluster (each with "
+                                   "its own task index), or wait longer with a larger "
+                                   "cluster_timeout.")
+            if time.monotonic() >= next_report:
+                report(f"Waiting for {names} since {since} ({waited:.0f} s; giving up after "
+                       f"{timeout:g} s).")
+                next_report += report_every
+            time.sleep(0.25)
+    finally:
+        listener.close()
+
+
+def connect(make: Callable[[], tf.distribute.Strategy],
+            cluster_resolver: Optional[tf.distribute.cluster_resolver.ClusterResolver],
+            timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tf.distribute.Strategy:
+    """Builds a multi-worker strategy with ``make`` once the cluster's peers are up.
+
+    Around TensorFlow's constructor it:
+
+    - waits for the peers first with :func:`wait_for_peers` (messages, timeout, signals);
+    - warns once when the workers are reachable from the network: TensorFlow's gRPC server
+      listens on every interface, unauthenticated (the launcher's private network avoids it);
+    - gives SIGTERM back to the program: TensorFlow's coordination service installs a C++
+      SIGTERM handler (its preemption notifier) that only records the notice, so the process
+      would otherwise ignore SIGTERM and train on.
+
+    Args:
+        make: Builds the strategy (TensorFlow connects to the cluster in it).
+        cluster_resolver: The cluster (``None``: a single local worker).
+        timeout: Seconds to wait for the peers.
+
+    Returns:
+        The strategy.
+
+    Raises:
+        PortTakenError: If this worker's port is in use by another program.
+        ClusterError: If the peers do not come up within ``timeout``.
+    """
+    if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
+        if os.environ.get(PRIVATE_NETWORK_ENV) != "1":
+            address = cluster_resolver.cluster_spec().task_address(cluster_resolver.task_type,
+                                                                   cluster_resolver.task_id)
+            logging.warning(
+                "This worker's TensorFlow server listens at port %s on every network interface, "
+                "with no authentication: firewall that port (local jobs run by tfpar's launcher "
+                "are kept on a private loopback instead).", _split(address)[1])
+        wait_for_peers(cluster_resolver, timeout)
+    import tensorflow as tf
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    try:
+        strategy = make()
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" in str(e):
+            raise PortTakenError("This worker's TensorFlow server could not bind its port: it "
+                                 "was taken by another program just before. Give the cluster "
+                                 "free ports.") from None
+        raise
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    return strategy

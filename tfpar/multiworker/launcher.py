@@ -1,0 +1,206 @@
+"""A local launcher: N worker processes of one command on loopback, with TF_CONFIG each.
+
+It picks free ports, gives each worker its ``TF_CONFIG``, prefixes every output line with the
+worker's rank, and supervises: if a worker fails or is killed, the others are stopped and the
+launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
+their own process groups, so nothing they start outlives the launcher.
+
+By default the workers run on a private loopback network (:mod:`tfpar.multiworker.private_network`), since
+TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
+runs them on the machine's network instead (then their ports must be firewalled), and a port
+taken by another program before a worker binds it makes the launcher start over with new ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional, Sequence, TextIO
+
+from tfpar.errors import ConfigError
+from tfpar.errors import PortTakenError
+from tfpar.multiworker import private_network
+from tfpar.multiworker.cluster import PRIVATE_NETWORK_ENV
+
+# After SIGTERM, how long a worker may take to stop before it is killed (a worker gives itself
+# tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside TensorFlow).
+STOP_GRACE_SECONDS = 15.0
+NETWORKS = ("private", "host")
+PORT_ATTEMPTS = 3  # Starts with fresh ports when a worker finds its port taken (host network).
+# Set to "1" in the workers' environment to have every worker print its progress and report
+# (tfpar's programs otherwise print them on the chief only).
+ALL_OUTPUT_ENV = "TFPAR_ALL_WORKERS_OUTPUT"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct ports that were free on ``host`` a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    except (OSError, OverflowError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise ConfigError(f"Cannot open a port on host {host!r} ({reason}): the workers run on "
+                          "this machine, so give one of its addresses, e.g. 127.0.0.1.") from None
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
+    """Returns each worker's ``TF_CONFIG`` for a cluster of ``num_workers`` on ``host``."""
+    workers = [f"{host}:{port}" for port in free_ports(num_workers, host)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            for i in range(num_workers)]
+
+
+def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, ""):
+        with lock:
+            out.write(f"{prefix}{line}")
+            out.flush()
+    stream.close()
+
+
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for p in processes:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops the workers as Ctrl-C does.
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
+           out: Optional[TextIO] = None, all_output: bool = False,
+           network: str = "private") -> int:
+    """Runs ``command`` as ``num_workers`` workers and supervises them.
+
+    Args:
+        command: The program and its arguments, e.g. ``["python", "scripts/train.py", ...]``.
+        num_workers: Number of worker processes.
+        host: The workers' address (loopback unless told otherwise).
+        out: Where prefixed output goes (standard output by default).
+        all_output: Every worker prints progress and reports, not only the chief.
+        network: ``"private"``: the workers run on a loopback network of their own, which
+            nothing outside the job can reach (nor can they reach the network; Linux only).
+            ``"host"``: on this machine's network, where TensorFlow's servers listen on every
+            interface (firewall their ports).
+
+    Returns:
+        0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
+        130 after Ctrl-C.
+
+    Raises:
+        ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
+            is not an address of this machine (or not loopback on a private network), or a
+            private network cannot be made here.
+    """
+    if not command:
+        raise ConfigError("The command to run is empty: give the program and its arguments, "
+                          "e.g. python scripts/train.py --strategy=multi_worker.")
+    if num_workers < 1:
+        raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
+    if network not in NETWORKS:
+        raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
+    if network == "private" and not _is_loopback(host):
+        raise ConfigError(f"A private network has only loopback: host must be a loopback "
+                          f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
+                          "for another address.")
+    out = out or sys.stdout
+    with contextlib.ExitStack() as stack:
+        namespace = (stack.enter_context(private_network.Namespace())
+                     if network == "private" else None)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            configs = tf_configs(num_workers, host)
+            if namespace is None:
+                ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
+                out.write(f"launcher: the workers' TensorFlow servers listen on every network "
+                          f"interface, unauthenticated ({ports}): firewall these ports.\n")
+            status = _run(command, configs, out, all_output, namespace)
+            if status != PortTakenError.exit_status or namespace is not None:
+                return status
+            out.write(f"launcher: a worker's port was taken by another program; starting "
+                      f"again with new ports (attempt {attempt + 1} of {PORT_ATTEMPTS}).\n"
+                      if attempt < PORT_ATTEMPTS else
+                      "launcher: a worker's port was taken every time; giving up.\n")
+        return status
+
+
+def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output: bool,
+         namespace: Optional[private_network.Namespace]) -> int:
+    """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
+    lock = threading.Lock()
+    processes, threads = [], []
+    for config in configs:
+        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1",
+               ALL_OUTPUT_ENV: "1" if all_output else "0",
+               PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
+        try:
+            # Started before any output thread, so the fork runs preexec_fn single-threaded.
+            processes.append(subprocess.Popen(
+                list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+                preexec_fn=namespace.enter if namespace else None))
+        except (OSError, subprocess.SubprocessError) as e:
+            _stop(processes)
+            reason = getattr(e, "strerror", None) or e
+            raise ConfigError(f"Cannot run {command[0]!r}: {reason}. Give a program on "
+                              "PATH or its path, e.g. -- python scripts/train.py.") from None
+    for rank, p in enumerate(processes):
+        t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
+                             daemon=True)
+        t.start()
+        threads.append(t)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            for rank, p in enumerate(processes):
+                code = p.poll()
+                if code not in (None, 0):
+                    _stop(processes)
+                    status = 128 - code if code < 0 else code
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    with lock:
+                        out.write(f"launcher: worker {rank} {how}; stopped the other workers.\n")
+                    return status
+            if all(p.poll() == 0 for p in processes):
+                return 0
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        _stop(processes)
+        with lock:
+            out.write("launcher: interrupted; stopped every worker.\n")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for t in threads:
+            t.join(timeout=5)

@@ -1,0 +1,121 @@
+"""The registry's built-in entries: ``default``, ``one_device``, ``mirrored``,
+``central_storage``, ``allreduce``, ``multi_worker`` and ``multi_worker_allreduce``.
+
+Importing this module registers them. It imports no TensorFlow: each factory imports what it
+builds, so listing the entries and their options (their factories' signatures) is instant.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from tfpar.allreduce.options import DEFAULT_BYTES_PER_PACK
+from tfpar.multiworker.cluster import DEFAULT_TIMEOUT_SECONDS
+from tfpar.strategies.registry import register
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfpar import devices as devices_lib
+    from tfpar.allreduce.options import StepOptions
+
+
+@register("default", max_devices=1)
+def _default(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """No distribution: TensorFlow's default strategy and placement (one device)."""
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+@register("one_device", max_devices=1)
+def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """OneDeviceStrategy: everything placed on the one device of the set."""
+    import tensorflow as tf
+
+    return tf.distribute.OneDeviceStrategy(devices.tf_names[0])
+
+
+@register("mirrored")
+def _mirrored(devices: devices_lib.DeviceSet, cross_device_ops: str = "auto"
+              ) -> tf.distribute.Strategy:
+    """MirroredStrategy: one replica per device, gradients all-reduced, model.fit."""
+    import tensorflow as tf
+
+    from tfpar.strategies.cross_device_ops import make_cross_device_ops
+
+    return tf.distribute.MirroredStrategy(
+        devices.tf_names, cross_device_ops=make_cross_device_ops(cross_device_ops, devices))
+
+
+# Keras 3's loss tracker updates its variables wrongly under this strategy: the running loss
+# it logs is wrong after the first step (the weights train exactly; tested).
+@register("central_storage", logs_exact_loss=False)
+def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
+    """CentralStorageStrategy: variables on one device (the CPU for GPU sets), compute mirrored."""
+    from tfpar.strategies.central_storage import CentralStorageStrategy
+
+    parameter_device = "/device:CPU:0" if devices.is_gpu_only else devices.tf_names[0]
+    return CentralStorageStrategy(compute_devices=devices.tf_names,
+                                  parameter_device=parameter_device)
+
+
+def _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
+                  accumulation_steps) -> StepOptions:
+    from tfpar.allreduce.options import StepOptions
+
+    return StepOptions(algorithm, bytes_per_pack,
+                       None if split_weights is None else tuple(split_weights),
+                       gradient_compression, accumulation_steps)
+
+
+@register("allreduce")
+def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
+               bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
+               split_weights: Optional[tuple[float, ...]] = None,
+               gradient_compression: str = "none", accumulation_steps: int = 1,
+               cross_device_ops: str = "auto") -> tf.distribute.Strategy:
+    """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
+    from tfpar.allreduce.strategy import AllReduceStrategy
+    from tfpar.strategies.cross_device_ops import make_cross_device_ops
+
+    return AllReduceStrategy(
+        devices.tf_names, make_cross_device_ops(cross_device_ops, devices),
+        _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
+                      accumulation_steps))
+
+
+@register("multi_worker", multi_process=True)
+def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
+                  cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
+                  task_index: Optional[int] = None,
+                  cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                  bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
+    import tensorflow as tf
+
+    from tfpar.multiworker import strategy
+
+    # TensorFlow packs the gradients from the last layer to the first into buckets of this
+    # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
+    return strategy.make(tf.distribute.MultiWorkerMirroredStrategy, devices, implementation,
+                         cluster, worker_hosts, task_index, cluster_timeout,
+                         bytes_per_pack=bytes_per_pack)
+
+
+@register("multi_worker_allreduce", multi_process=True)
+def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str = "auto",
+                            cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
+                            task_index: Optional[int] = None,
+                            cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                            bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
+                            gradient_compression: str = "none", accumulation_steps: int = 1
+                            ) -> tf.distribute.Strategy:
+    """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
+    from tfpar.allreduce.strategy import MultiWorkerAllReduceStrategy
+    from tfpar.multiworker import strategy
+
+    return strategy.make(MultiWorkerAllReduceStrategy, devices, implementation, cluster,
+                         worker_hosts, task_index, cluster_timeout,
+                         step_options=_step_options("collective", bytes_per_pack, None,
+                                                    gradient_compression, accumulation_steps))

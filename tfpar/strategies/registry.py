@@ -1,0 +1,247 @@
+"""The strategy registry: names such as ``mirrored`` resolve to a ready ``tf.distribute`` strategy.
+
+No TensorFlow at import: listing the entries (``--list_strategies``, ``--help``, ``tfpar env``)
+and checking a name or an option answer at once; :func:`get` imports it.
+
+An entry pairs a factory ``factory(devices, **options) -> tf.distribute.Strategy`` with what
+the rest of tfpar needs to know about it: a description, whether it spans several processes,
+how many devices it takes. Every entry trains with plain ``model.fit``; the ``allreduce``
+entries make ``fit`` run tfpar's hand-written step (:mod:`tfpar.allreduce`). The built-in
+entries are in :mod:`tfpar.strategies.builtin`.
+
+:func:`get` returns the strategy with what it was made from attached: ``strategy.tfpar`` is a
+:class:`Selection` (the entry, its options, the device set), so nothing downstream looks the
+entry up by name again or passes options beside the strategy. Users add entries with :func:`register` (also a decorator); other
+packages add them through the ``tfpar.strategies`` entry-point group, whose entries load a
+:class:`StrategyEntry` or a factory (registered under the entry point's name, described by the
+first line of its docstring).
+
+Example::
+
+    strategy = tfpar.strategies.get("mirrored", devices=2)
+    with strategy.scope():
+        model = ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from tfpar.errors import RegistryError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfpar import devices as devices_lib
+
+ENTRY_POINT_GROUP = "tfpar.strategies"
+
+Factory = Callable[..., "tf.distribute.Strategy"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyEntry:
+    """One registry entry.
+
+    Attributes:
+        name: The name users select it by (``--strategy=name``).
+        factory: ``factory(devices: DeviceSet, **options) -> tf.distribute.Strategy``.
+        description: One line for listings and ``--help``.
+        multi_process: Whether the strategy spans several processes (workers).
+        max_devices: The most devices one process may give it (``None``: no limit).
+        requires_gpu: Whether it only runs on GPUs.
+        logs_exact_loss: Whether the running loss Keras logs under it is right (Keras 3
+            miscomputes it under ``CentralStorageStrategy``, whose training is still exact).
+    """
+
+    name: str
+    factory: Factory
+    description: str = ""
+    multi_process: bool = False
+    max_devices: Optional[int] = None
+    requires_gpu: bool = False
+    logs_exact_loss: bool = True
+
+    def options(self) -> dict[str, Any]:
+        """Returns the keyword options the factory accepts, with their defaults."""
+        params = list(inspect.signature(self.factory).parameters.values())[1:]
+        return {p.name: p.default for p in params
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+_REGISTRY: dict[str, StrategyEntry] = {}
+_entry_points_loaded = False
+
+
+def register(name: str, factory: Optional[Factory] = None, *, description: str = "",
+             multi_process: bool = False,
+             max_devices: Optional[int] = None, requires_gpu: bool = False,
+             logs_exact_loss: bool = True, override: bool = False):
+    """Registers a strategy factory under ``name``; usable as a decorator.
+
+    Args:
+        name: The registry name.
+        factory: ``factory(devices, **options)`` returning a ``tf.distribute.Strategy``.
+            Omit it to use ``register`` as a decorator.
+        description: One line; defaults to the first line of the factory's docstring.
+        multi_process: Whether the strategy spans several processes.
+        max_devices: The most devices one process may give it (``None``: no limit).
+        requires_gpu: Whether it only runs on GPUs.
+        logs_exact_loss: Whether the running loss Keras logs under it is right.
+        override: Replace an existing entry of the same name instead of raising.
+
+    Returns:
+        The factory (so the decorator leaves the function usable), or the decorator.
+
+    Raises:
+        RegistryError: If ``name`` is taken and ``override`` is false, or an argument is invalid.
+    """
+    if factory is None:
+        return lambda f: register(name, f, description=description,
+                                  multi_process=multi_process, max_devices=max_devices,
+                                  requires_gpu=requires_gpu, logs_exact_loss=logs_exact_loss,
+                                  override=override)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RegistryError("A strategy name must be a non-empty identifier such as "
+                            f"'my_strategy'. Received: name={name!r}.")
+    if not callable(factory):
+        raise RegistryError(f"factory must be callable. Received: factory={factory!r}.")
+    if name in _REGISTRY and not override:
+        raise RegistryError(f"A strategy named {name!r} is already registered; pass "
+                            "override=True to replace it.")
+    if not description:
+        description = (inspect.getdoc(factory) or "").split("\n")[0]
+    _REGISTRY[name] = StrategyEntry(name, factory, description, multi_process, max_devices,
+                                    requires_gpu, logs_exact_loss)
+    return factory
+
+
+def unregister(name: str) -> None:
+    """Removes an entry (for tests and plugins that replace themselves).
+
+    Raises:
+        RegistryError: If there is no such entry.
+    """
+    entry(name)
+    del _REGISTRY[name]
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        loaded = ep.load()
+        if isinstance(loaded, StrategyEntry):
+            _REGISTRY[ep.name] = dataclasses.replace(loaded, name=ep.name)
+        else:
+            register(ep.name, loaded)
+
+
+def available() -> dict[str, str]:
+    """Returns ``{name: description}`` of every registered strategy, sorted by name."""
+    _load_entry_points()
+    return {name: _REGISTRY[name].description for name in sorted(_REGISTRY)}
+
+
+def entry(name: str) -> StrategyEntry:
+    """Returns the registry entry for ``name``.
+
+    Raises:
+        RegistryError: If no strategy has that name (the message lists those that exist).
+    """
+    _load_entry_points()
+    if name not in _REGISTRY:
+        raise RegistryError(f"Unknown strategy {name!r}. Available strategies: "
+                            f"{', '.join(sorted(_REGISTRY))}.")
+    return _REGISTRY[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a strategy from :func:`get` was made from; attached to it as ``strategy.tfpar``.
+
+    Attributes:
+        entry: The registry entry.
+        options: The options it was given (the factory's defaults filled in).
+        devices: The local device set.
+    """
+
+    entry: StrategyEntry
+    options: dict[str, Any]
+    devices: devices_lib.DeviceSet
+
+    @property
+    def name(self) -> str:
+        """The entry's registry name."""
+        return self.entry.name
+
+
+def selection(strategy: tf.distribute.Strategy) -> Selection:
+    """Returns what ``strategy`` was made from (its ``tfpar`` attribute).
+
+    Raises:
+        RegistryError: If ``strategy`` did not come from :func:`get`.
+    """
+    chosen = getattr(strategy, "tfpar", None)
+    if not isinstance(chosen, Selection):
+        raise RegistryError("This strategy did not come from tfpar.strategies.get, so tfpar does "
+                            "not know its registry entry. Obtain it with "
+                            f"tfpar.strategies.get(name, devices). Received: {strategy!r}.")
+    return chosen
+
+
+def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distribute.Strategy:
+    """Returns a ready strategy: the named entry built over ``devices``.
+
+    The strategy carries what it was made from: ``strategy.tfpar`` is a :class:`Selection`.
+
+    Args:
+        name: A registered strategy name (see :func:`available`).
+        devices: A device set, a count or device names (see :func:`tfpar.devices.resolve`).
+        **options: Options of that entry (see ``entry(name).options()``).
+
+    Returns:
+        The ``tf.distribute.Strategy``.
+
+    Raises:
+        RegistryError: If the name or an option is unknown.
+        DeviceError: If the device set cannot be provided.
+        TfparError: If the entry rejects an option's value.
+        TypeError: If the factory does not return a strategy.
+    """
+    import tensorflow as tf  # Imported here: listing and checking entries does not need it.
+
+    from tfpar import devices as devices_lib
+    from tfpar import keras_fixes
+    from tfpar.multiworker import cluster as cluster_lib
+
+    chosen = entry(name)
+    allowed = chosen.options()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its options: "
+                            f"{', '.join(allowed) or 'none'}.")
+    device_set = devices_lib.resolve(devices)
+    if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
+        raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "
+                            f"Received: {device_set}. Use 'mirrored' or 'allreduce' for more.")
+    if os.environ.get("TF_CONFIG"):
+        # TensorFlow's strategies (mirrored ones too) parse TF_CONFIG and fail with a JSON
+        # traceback on a malformed one: check it first, whatever the entry.
+        cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
+    strategy = chosen.factory(device_set, **options)
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"The factory of strategy {name!r} returned {strategy!r}, not a "
+                        "tf.distribute.Strategy.")
+    if strategy.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
+        keras_fixes.install()
+    strategy.tfpar = Selection(chosen, {**allowed, **options}, device_set)
+    return strategy

@@ -1,0 +1,138 @@
+"""``TrainConfig``: what a training run trains and how, checked on construction (no TensorFlow).
+
+Kept apart from :mod:`tfpar.training` so that command-line programs can check their flags
+before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+from tfpar.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "adam")
+DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how. Batch size and learning rate are those of a one-device run.
+
+    Attributes:
+        strategy: Registry name of the strategy.
+        strategy_options: Options of that registry entry.
+        model: Model name (see ``tfpar.models.available()``).
+        dataset: Dataset name (see ``tfpar.data.available()``).
+        data_dir: TFDS data directory.
+        batch_size: Global batch size (over all replicas) of a forward and backward pass; a
+            step (one update) trains ``accumulation_steps`` such micro-batches when the
+            strategy takes that option.
+        lr: Learning rate.
+        scale_with_devices: Multiply batch size and learning rate by the number of devices
+            (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
+        warmup_epochs: Epochs over which the learning rate rises linearly to its value, from
+            ``lr`` with ``scale_with_devices`` on several devices, else from 0 (0: none).
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
+        momentum: SGD momentum (0 is the seeds' plain SGD).
+        epochs: Training epochs.
+        seed: Seed of weights and shuffling.
+        sync_batchnorm: Compute BatchNorm statistics over the global batch.
+        verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
+        chief_only_progress: In multi-worker training, only the chief shows progress and
+            reports (the other workers train silently).
+        model_dir: Where training state is saved after every epoch (one sub-folder per device
+            set); ``None``: not saved.
+        resume: Resume from the state in ``model_dir`` when there is some.
+        deterministic: Make TensorFlow ops deterministic, so two runs on the same device set
+            give identical weights (slower on GPUs).
+        dtype: Keras dtype policy: ``float32``, ``bfloat16``, or mixed precision
+            ``mixed_float16`` (with dynamic loss scaling) / ``mixed_bfloat16``.
+        jit_compile: Compile the training step with XLA.
+        steps_per_execution: Training steps per compiled call.
+        profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
+        profile_dir: Where the trace goes.
+        logdir: Where TensorBoard logs go, one run per device set
+            (``{logdir}/{strategy}_{n}_devices``): per epoch, Keras's scalars (loss, accuracy,
+            learning rate) and tfpar's (test accuracy, epoch seconds, images/s), the device
+            set as text, and the ``profile_steps`` trace. Only the chief writes. ``None``: no
+            logs.
+    """
+
+    strategy: str = "mirrored"
+    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model: str = "lenet"
+    dataset: str = "fashion_mnist"
+    data_dir: Optional[str] = None
+    batch_size: int = 64
+    lr: float = 0.05
+    scale_with_devices: bool = False
+    warmup_epochs: float = 0.0
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    epochs: int = 10
+    seed: int = 0
+    sync_batchnorm: bool = False
+    verbose: int = 1
+    chief_only_progress: bool = True
+    model_dir: Optional[str] = None
+    resume: bool = True
+    deterministic: bool = False
+    dtype: str = "float32"
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+    profile_steps: Optional[tuple[int, int]] = None
+    profile_dir: str = "tfpar_profile"
+    logdir: Optional[str] = None
+
+    def __post_init__(self):
+        received = "Received: {argument}="
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size",
+               f"{{argument}} must be an integer >= 1. {received}{self.batch_size!r}.")
+        _check(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
+               "lr", f"{{argument}} must be a finite number > 0. {received}{self.lr!r}.")
+        _check(isinstance(self.warmup_epochs, (int, float))
+               and not isinstance(self.warmup_epochs, bool)
+               and 0 <= self.warmup_epochs < math.inf, "warmup_epochs",
+               f"{{argument}} must be a number >= 0. {received}{self.warmup_epochs!r}.")
+        _check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs",
+               f"{{argument}} must be an integer >= 1. {received}{self.epochs!r}.")
+        _check(self.optimizer in OPTIMIZERS, "optimizer",
+               f"{{argument}} must be one of {', '.join(OPTIMIZERS)}. "
+               f"{received}{self.optimizer!r}.")
+        _check(0 <= self.momentum < 1, "momentum",
+               f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
+        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
+               f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
+        _check(self.dtype in DTYPES, "dtype",
+               f"{{argument}} must be one of {', '.join(DTYPES)}. {received}{self.dtype!r}.")
+        _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
+               "steps_per_execution", f"{{argument}} must be an integer >= 1. "
+               f"{received}{self.steps_per_execution!r}.")
+        _check(self.profile_steps is None or (len(self.profile_steps) == 2
+                                              and 1 <= self.profile_steps[0]
+                                              <= self.profile_steps[1]), "profile_steps",
+               f"{{argument}} is (first, last) with 1 <= first <= last. "
+               f"{received}{self.profile_steps!r}.")
+
+    def for_devices(self, num_devices: int) -> tuple[int, float]:
+        """Returns ``(global batch size of a step, learning rate)`` for ``num_devices``.
+
+        A step's batch is ``batch_size`` (times the devices with ``scale_with_devices``)
+        times the strategy's ``accumulation_steps``: that many micro-batches of the former.
+        """
+        micro_batches = self.strategy_options.get("accumulation_steps", 1)
+        if self.scale_with_devices:
+            return self.batch_size * num_devices * micro_batches, self.lr * num_devices
+        return self.batch_size * micro_batches, self.lr
+
+    def warmup_start(self, num_devices: int) -> float:
+        """The learning rate that warm-up starts from: the single-device ``lr`` when it is
+        scaled with the devices (Goyal et al.), else 0."""
+        return self.lr if self.scale_with_devices and num_devices > 1 else 0.0
+
+
+def _check(ok: bool, argument: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(message, argument=argument)

@@ -1,0 +1,265 @@
+"""Training runs: one configuration trained on each of several device sets, like the seeds.
+
+A :class:`TrainConfig` says what to train (model, dataset, optimizer, epochs) and how
+(a registry strategy). :func:`train_on_devices` runs it on one device set and returns a
+:class:`RunResult` with test accuracy and timing; :func:`train_each` does that for every device
+set, as the seeds' ``train(num_gpus=1)`` then ``train(num_gpus=2)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Optional, Sequence
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tfpar import atomic_io
+from tfpar import devices as devices_lib
+from tfpar import evaluation
+from tfpar import schedules
+from tfpar import strategies
+from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
+from tfpar.callbacks.checkpointing import EpochCheckpoint
+from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
+from tfpar.callbacks.profiling import ProfileSteps
+from tfpar.callbacks.timing import EpochTimer
+from tfpar.data import loading
+from tfpar.data import pipelines
+from tfpar.errors import ConfigError
+from tfpar.errors import NonFiniteLossError
+from tfpar.multiworker import cluster
+from tfpar.training.building import build_compiled_model
+from tfpar.training.building import check_compile_options
+from tfpar.training.building import replica_devices
+from tfpar.training.config import TrainConfig
+
+@dataclasses.dataclass
+class RunResult:
+    """What one training run on one device set measured.
+
+    Attributes:
+        strategy: Strategy name.
+        devices: Device names of the set.
+        model: Model name.
+        dataset: Dataset name.
+        global_batch_size: Examples per step over all replicas.
+        lr: Learning rate used.
+        epochs: Epochs trained.
+        test_accuracy: Accuracy on the test split after training.
+        sec_per_epoch: Mean seconds of the steady epochs (after the first).
+        first_epoch_seconds: Seconds of the first epoch (tracing included).
+        images_per_second: Training images per second over the steady epochs.
+        epoch_seconds: Seconds of every epoch.
+        history: Per-epoch training logs (loss, accuracy, ...).
+        is_chief: Whether this process is the one that writes results (multi-worker).
+    """
+
+    strategy: str
+    devices: list[str]
+    model: str
+    dataset: str
+    global_batch_size: int
+    lr: float
+    epochs: int
+    test_accuracy: float
+    sec_per_epoch: float
+    first_epoch_seconds: float
+    images_per_second: float
+    epoch_seconds: list[float]
+    history: dict[str, list[float]]
+    is_chief: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the result as JSON-serialisable data."""
+        return dataclasses.asdict(self)
+
+
+def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
+                     splits: Optional[loading.Splits] = None,
+                     strategy: Optional[tf.distribute.Strategy] = None,
+                     callbacks: Sequence[keras.callbacks.Callback] = ()) -> RunResult:
+    """Trains the configured model on one device set and evaluates it.
+
+    Args:
+        config: The configuration.
+        devices: The device set (a count, names, or a ``DeviceSet``).
+        splits: The loaded dataset; loaded from ``config`` when ``None``.
+        strategy: The strategy, if already made (multi-worker strategies must be made before
+            TensorFlow runs anything); made from ``config`` when ``None``.
+        callbacks: More Keras callbacks, run after tfpar's own (timing, checkpoints).
+
+    Returns:
+        The :class:`RunResult`.
+
+    Raises:
+        TfparError: On bad configuration, devices, strategy or dataset.
+    """
+    device_set = devices_lib.resolve(devices)
+    strategy = strategy or strategies.get(config.strategy, device_set, **config.strategy_options)
+    name = strategies.selection(strategy).name
+    batch_size, lr = config.for_devices(len(device_set))
+    if batch_size < strategy.num_replicas_in_sync:
+        raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
+                          f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
+                          "least one example. Raise {argument}.", argument="batch_size")
+    splits = splits or loading.load(config.dataset, config.data_dir)
+    logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
+                 config.model, device_set, name, strategy.num_replicas_in_sync,
+                 batch_size, lr)
+    check_compile_options(config.jit_compile, strategy, device_set)
+    keras.utils.set_random_seed(config.seed)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
+    warmup_steps = max(1, round(config.warmup_epochs * steps_per_epoch))
+    model = build_compiled_model(
+        config.model, splits.image_shape, splits.num_classes, strategy,
+        lambda: _optimizer(config, lr, config.warmup_start(len(device_set)), warmup_steps),
+        dtype=config.dtype, jit_compile=config.jit_compile,
+        steps_per_execution=config.steps_per_execution, sync_batchnorm=config.sync_batchnorm)
+    loading.check_image_shape(splits, model.input_shape[1:])
+    timer = EpochTimer(splits.num_train)
+    loss_guard = StopOnNonFiniteLoss()
+    user_callbacks, callbacks = list(callbacks), [timer, loss_guard]
+    if not config.sync_batchnorm and model.non_trainable_variables:
+        # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
+        callbacks.append(AverageAtEpochEnd(strategy))
+    # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+    test = pipelines.pipeline(splits.test, batch_size)
+    callbacks.append(evaluation.TestAccuracy(test, strategy))
+    initial_epoch = 0
+    if config.model_dir:
+        checkpoint = _epoch_checkpoint(config, model, strategy)
+        initial_epoch = checkpoint.restore() if config.resume else 0
+        callbacks.append(checkpoint)
+    profile_dir = config.profile_dir
+    if config.logdir and cluster.is_chief(strategy):
+        chosen = strategies.selection(strategy)
+        run_dir = os.path.join(config.logdir, f"{chosen.name}_{len(chosen.devices)}_devices")
+        callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
+        with tf.summary.create_file_writer(os.path.join(run_dir, "tfpar")).as_default():
+            tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
+                            step=0)
+        profile_dir = run_dir  # The trace shows under the same run in TensorBoard.
+    if config.profile_steps:
+        callbacks.append(ProfileSteps(*config.profile_steps, profile_dir))
+    callbacks += user_callbacks
+    # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
+    # an uninterrupted one. Every epoch must run exactly its steps: one endless stream does
+    # when steps_per_execution divides the epoch (and is twice as fast on short epochs, as
+    # Keras keeps its iterator); otherwise the data must end with each epoch.
+    # shuffle=False: the order is the data's own (Keras would warn that it ignores shuffle).
+    fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
+                    verbose=(config.verbose if cluster.is_chief(strategy)
+                             or not config.chief_only_progress else 0), shuffle=False)
+    if steps_per_epoch % config.steps_per_execution == 0:
+        train = pipelines.epoch_stream(splits.train, splits.num_train, batch_size,
+                                      seed=config.seed, first_epoch=initial_epoch)
+        fit_args["steps_per_epoch"] = steps_per_epoch
+    else:
+        train, data_epoch = pipelines.epoch_batches(splits.train, splits.num_train, batch_size,
+                                                  seed=config.seed)
+        callbacks.insert(0, keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
+    history = model.fit(train, **fit_args)
+    timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
+    result = RunResult(
+        strategy=name, devices=replica_devices(strategy, device_set),
+        model=config.model,
+        dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
+        test_accuracy=(history.history["test_accuracy"][-1] if timed
+                       else evaluation.accuracy(model, test, strategy)),
+        sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
+        first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
+        images_per_second=timer.steady_images_per_second if timed else math.nan,
+        epoch_seconds=list(timer.epoch_seconds),
+        history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+        is_chief=cluster.is_chief(strategy))
+    if loss_guard.stopped:
+        raise NonFiniteLossError(
+            f"Training stopped: the loss became {loss_guard.value} at epoch "
+            f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
+            f"rate ({lr:g}) is probably too high for the batch size ({batch_size}); lower "
+            "{argument}.", [result], argument="lr")
+    return result
+
+
+def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps: int
+               ) -> keras.optimizers.Optimizer:
+    """The configured optimizer; with ``warmup_epochs``, its rate rises linearly from
+    ``warmup_start`` to ``lr`` over ``warmup_steps`` steps."""
+    rate = (schedules.LinearWarmup(warmup_start, lr, warmup_steps) if config.warmup_epochs
+            else lr)
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(rate)
+    return keras.optimizers.SGD(rate, momentum=config.momentum)
+
+
+def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy
+                      ) -> EpochCheckpoint:
+    chosen = strategies.selection(strategy)
+    directory = os.path.join(config.model_dir, f"{chosen.name}_{len(chosen.devices)}_devices")
+    made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
+                 "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
+    checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
+    latest = checkpoint.latest
+    # Printed, not logged: whether a run resumed is part of its result for the user.
+    if latest and config.resume:
+        print(f"Resuming from {latest}", flush=True)
+    elif latest:
+        print(f"Not resuming: training from scratch; {directory} will be "
+              "overwritten.", flush=True)
+    else:
+        print(f"No saved training state in {directory}: training from scratch; state is saved "
+              "there after every epoch.", flush=True)
+    return checkpoint
+
+
+def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
+               on_result=None) -> list[RunResult]:
+    """Trains on every device set in turn (the dataset is loaded once).
+
+    Every device set is resolved before TensorFlow runs anything, because the CPU cannot be
+    split into more logical devices after that.
+
+    Args:
+        config: The configuration.
+        device_sets: Device sets, e.g. ``[1, 2]``.
+        on_result: Called with each :class:`RunResult` as soon as it is measured.
+
+    Returns:
+        The results, in the order of ``device_sets``.
+
+    Raises:
+        TfparError: On bad configuration, devices, strategy or dataset.
+    """
+    if not device_sets:
+        raise ConfigError("Give at least one device set, e.g. [1, 2].")
+    for folder, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir"),
+                         (config.profile_steps and config.profile_dir, "profile_dir")):
+        if folder:  # Checked before any work, not when the first epoch ends.
+            atomic_io.check_writable_dir(folder, what)
+    resolved = [devices_lib.resolve(spec) for spec in device_sets]
+    multi_worker_strategy = None
+    if strategies.entry(config.strategy).multi_process:
+        # Collective ops across processes must be set up before TensorFlow runs any op.
+        if len(resolved) != 1:
+            raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
+                              f"(its workers' local devices). Received: {len(resolved)} sets.")
+        multi_worker_strategy = strategies.get(config.strategy, resolved[0],
+                                               **config.strategy_options)
+    splits = loading.load(config.dataset, config.data_dir)
+    results = []
+    for device_set in resolved:
+        try:
+            results.append(train_on_devices(config, device_set, splits, multi_worker_strategy))
+        except NonFiniteLossError as e:
+            e.results = results + e.results  # What was measured so far, for the caller.
+            raise
+        if on_result:
+            on_result(results[-1])
+    return results
