@@ -1,11 +1,22 @@
-"""Tests that tfpar's fix is what makes Keras fit survive batches that split unevenly."""
+"""Tests that tfpar's Keras fixes are what make fit survive, and that they know their limits."""
+
+import io
+import os
+import sys
+from unittest import mock
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from tfpar import keras_fixes
+from tfpar import strategies
 from tfpar import testing
+from tfpar.multiworker import launcher
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
+                      "multi_worker_worker.py")
 
 
 def fit_first_batch_of_five(strategy):
@@ -18,27 +29,69 @@ def fit_first_batch_of_five(strategy):
 
 class KerasFixesTest(testing.StrategyTestCase):
 
+    def tearDown(self):
+        keras_fixes.install()  # As a strategy of several replicas leaves them.
+        super().tearDown()
+
     def test_uneven_first_batch_crashes_without_the_fix(self):
-        strategy = self.strategy("mirrored", 2)  # Installs the fix.
+        strategy = self.strategy("mirrored", 2)  # Installs the fixes.
         self.assertTrue(keras_fixes.installed())
-        keras_fixes.uninstall()
-        try:
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "same size and shape"):
-                fit_first_batch_of_five(strategy)
-        finally:
-            keras_fixes.install()
+        keras_fixes.uninstall(("symbolic_build",))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "same size and shape"):
+            fit_first_batch_of_five(strategy)
 
     def test_uneven_first_batch_trains_with_the_fix(self):
         history = fit_first_batch_of_five(self.strategy("mirrored", 2))
         self.assertTrue(np.isfinite(history.history["loss"][0]))
 
-    def test_install_is_idempotent(self):
-        keras_fixes.install()
-        keras_fixes.install()
+    def test_multi_worker_fit_stops_after_one_step_without_the_log_fix(self):
+        reference = testing.tiny_model()
+        initial = os.path.join(self.get_temp_dir(), "initial.npz")
+        np.savez(initial, *reference.get_weights())
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, WORKER, "multi_worker", initial,
+                                  os.path.join(self.get_temp_dir(), "final.npz"), "{}",
+                                  "reduce_per_replica"], 2, out=out)
+        self.assertNotEqual(status, 0)
+        self.assertIn("Invalid reduction dimension 0 for input with 0 dimensions", out.getvalue())
+        # With the fix, the same job trains: tests/multiworker/strategy_test.py.
+
+    def test_the_fixes_wrap_keras_own_code(self):
         keras_fixes.uninstall()
-        self.assertFalse(keras_fixes.installed())
+        originals = (keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build,
+                     keras_tf_trainer.reduce_per_replica)
         keras_fixes.install()
+        keras_fixes.install()  # Idempotent: wrapped once.
+        self.assertIs(keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build.__wrapped__,
+                      originals[0])
+        self.assertIs(keras_tf_trainer.reduce_per_replica.__wrapped__, originals[1])
+        keras_fixes.uninstall()
+        self.assertIs(keras_tf_trainer.reduce_per_replica, originals[1])
+        self.assertFalse(keras_fixes.installed())
+
+    def test_only_strategies_of_several_replicas_install_them(self):
+        keras_fixes.uninstall()
+        strategies.get("default")
+        strategies.get("one_device")
+        self.assertFalse(keras_fixes.installed())
+        self.strategy("mirrored", 2)
         self.assertTrue(keras_fixes.installed())
+
+    def test_an_unverified_keras_is_left_alone_with_a_warning(self):
+        keras_fixes.uninstall()
+        with mock.patch.object(keras_fixes.keras, "version", return_value="3.99.0"), \
+                mock.patch.object(keras_fixes, "_skipped", []), \
+                mock.patch.dict(os.environ, {keras_fixes.MODE_ENV: ""}), \
+                self.assertLogs(level="WARNING") as logs:
+            keras_fixes.install()
+            self.assertFalse(keras_fixes.installed())
+            self.assertIn("Keras 3.99.0 is outside the versions they were verified against "
+                          "(3.0 to 3.15)", keras_fixes.status()["applied"])
+        self.assertIn("not applied", logs.output[0])
+        with mock.patch.object(keras_fixes.keras, "version", return_value="3.99.0"), \
+                mock.patch.dict(os.environ, {keras_fixes.MODE_ENV: "force"}):
+            keras_fixes.install()
+            self.assertTrue(keras_fixes.installed())
 
 
 if __name__ == "__main__":

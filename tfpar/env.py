@@ -25,7 +25,7 @@ def _version(package: str) -> str:
 
 
 def _cluster() -> dict[str, Any]:
-    from tfpar import cluster
+    from tfpar.multiworker import cluster
     from tfpar.errors import TfparError
 
     if os.environ.get("TF_CONFIG"):
@@ -77,10 +77,7 @@ def collect() -> dict[str, Any]:
                                           strategies.entry(name).options().items()}}
                        for name in strategies.available()},
         "cluster": _cluster(),
-        "keras_fixes": {"installed": keras_fixes.installed(),
-                        "what": "fit's symbolic build reads one replica's shard; multi-worker "
-                                "scalar logs reduced with axis=None (tfpar/keras_fixes.py)",
-                        "verified_with_keras": "3.15"},
+        "keras_fixes": keras_fixes.status(),
     }
 
 

@@ -1,91 +1,184 @@
-"""Fixes for defects of Keras 3 ``fit`` under ``tf.distribute``, installed by tfpar.
+"""Fixes for two defects of Keras 3 ``fit`` under ``tf.distribute``, installed by tfpar.
 
-Keras 3 (checked up to 3.15) builds a model created under a strategy scope at the start of
-``fit``/``evaluate`` by pulling the first distributed batch and *averaging it across replicas*
-(``strategy.reduce("MEAN", batch)``) just to learn the input shapes. That crashes:
+1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
+   strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
+   batch, *averaged across replicas* (``strategy.reduce("MEAN", batch)``) just to learn the
+   input shapes. That crashes under ``MirroredStrategy`` when the first batch does not split
+   evenly over the replicas (``AddN ... must have the same size and shape``, e.g. a batch of 5
+   on 2 devices), and under ``MultiWorkerMirroredStrategy`` always (``Attempt to convert a
+   value (PerReplica...)``, keras-team/keras#20585, tensorflow/tensorflow#72388). The fix hands
+   Keras's own method the first local replica's shard as ``data_batch`` instead.
+2. **Scalar logs across workers** (``reduce_per_replica``). Keras averages per-replica logs
+   of a multi-worker strategy with ``strategy.reduce("MEAN", v, axis=0)``; a scalar has no axis
+   0 (``Invalid reduction dimension 0 for input with 0 dimensions``), so ``fit`` stops after
+   the first step. The fix reduces scalars with ``axis=None`` and leaves everything else to
+   Keras's own function.
 
-* under ``MirroredStrategy`` when the first batch does not split evenly over the replicas
-  (``AddN ... must have the same size and shape``), e.g. a batch of 5 on 2 devices;
-* under ``MultiWorkerMirroredStrategy`` always (``Attempt to convert a value (PerReplica...)``,
-  keras-team/keras#20585, tensorflow/tensorflow#72388).
+No public Keras API exposes the TensorFlow trainer, its symbolic build or its reduction of
+logs, so the fixes wrap these two private attributes of ``keras.src.backend.tensorflow.trainer``
+(the originals are kept and called). Each wrapper acts only where its defect is (several
+replicas; several workers) and calls Keras's own code everywhere else.
 
-Only the shapes are needed, so the fix takes the first local replica's shard instead of a
-cross-replica mean.
-
-A second defect stops ``fit`` under ``MultiWorkerMirroredStrategy`` after the first step: Keras
-averages the per-replica scalar logs with ``strategy.reduce("MEAN", v, axis=0)``, and a scalar
-has no axis 0 (``Invalid reduction dimension 0 for input with 0 dimensions``). The fix reduces
-scalars across replicas with ``axis=None``. :func:`install` applies it once per process; :func:`tfpar.strategies.get`
-calls it, so user code that obtains its strategy from tfpar is covered.
+They are applied only on the Keras versions they were verified against
+(:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar env``
+says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
+DEVELOPERS.md), ``=off`` never. :func:`tfpar.strategies.get` installs them when it builds a
+strategy of more than one replica.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+from typing import Any, Callable, Optional
+
+import keras
 import tensorflow as tf
+from absl import logging
 from keras import tree
 
-# No public Keras API exposes the TensorFlow trainer, the symbolic build that fit/evaluate run
-# first, or the reduction of per-replica logs; patching these two is the narrowest fix.
+# See the module docstring: no public API serves; version-gated below; each fix has a test that
+# fails without it (tests/keras_fixes_test.py).
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 
-_original = None
+# (major, minor) versions of Keras the fixes were verified against, inclusive: the defective
+# code is unchanged from 3.0 to 3.15 (read in their sources); the suite ran on 3.15.1.
+VERIFIED_KERAS = ((3, 0), (3, 15))
+MODE_ENV = "TFPAR_KERAS_FIXES"  # "force" or "off"; unset: only on verified versions.
 
 
-def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    """``TensorFlowTrainer._maybe_symbolic_build`` that reads shapes from one local shard."""
-    if self._distribute_strategy is None:
-        return  # Keras builds such models when it traces the step.
-    strategy = self.distribute_strategy
-    if iterator is not None:
+def _several_workers(strategy: tf.distribute.Strategy) -> bool:
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.num_replicas_in_sync != len(strategy.extended.worker_devices))
+
+
+def _wrap_symbolic_build(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or strategy is None or strategy.num_replicas_in_sync == 1:
+            return original(self, iterator=iterator, data_batch=data_batch)
         for _, _, it in iterator:
             data_batch = tree.map_structure(
                 lambda v: (strategy.experimental_local_results(v)[0]
                            if isinstance(v, tf.distribute.DistributedValues) else v),
                 next(it))
             break
-    with strategy.scope():
-        self._symbolic_build(data_batch=data_batch)
+        return original(self, data_batch=data_batch)
+
+    return maybe_symbolic_build
 
 
-def _reduce_per_replica(values, strategy, reduction):
-    """``reduce_per_replica`` that averages scalar logs of multi-worker replicas correctly."""
-    if reduction in ("auto", "mean") and isinstance(strategy,
-                                                    tf.distribute.MultiWorkerMirroredStrategy):
+def _wrap_reduce_per_replica(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _several_workers(strategy):
+            return original(values, strategy, reduction)
+
         def reduce(v):
             # With one local replica, per-replica values arrive as plain tensors.
-            local = v.values[0] if isinstance(v, tf.distribute.DistributedValues) else v
+            local = strategy.experimental_local_results(v)[0]
             if tf.is_tensor(local) and local.shape.rank == 0:
                 return strategy.reduce("MEAN", v, axis=None)
-            return _original_reduce(v, strategy, reduction)
+            return original(v, strategy, reduction)
+
         return tree.map_structure(reduce, values)
-    return _original_reduce(values, strategy, reduction)
+
+    return reduce_per_replica
 
 
-_original_reduce = None
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One fix: which attribute of which object it wraps, and how.
+
+    Attributes:
+        name: Short name (``tfpar env`` shows it).
+        description: What it fixes, in one line.
+        owner: Returns the object whose attribute is wrapped.
+        attribute: The attribute.
+        wrap: Returns the wrapper of the original.
+    """
+
+    name: str
+    description: str
+    owner: Callable[[], Any]
+    attribute: str
+    wrap: Callable[[Callable], Callable]
 
 
-def install() -> None:
-    """Installs the fixes (idempotent). Does nothing on a Keras without the defective code."""
-    global _original, _original_reduce
-    trainer_cls = _tf_trainer.TensorFlowTrainer
-    if (_original is not None or not hasattr(trainer_cls, "_maybe_symbolic_build")
-            or not hasattr(_tf_trainer, "reduce_per_replica")):
+FIXES = (
+    Fix("symbolic_build", "fit/evaluate build the model from one replica's shard, not a "
+        "cross-replica mean (uneven batches; multi_worker)",
+        lambda: _tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
+    Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None",
+        lambda: _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+)
+
+_originals: dict[str, Callable] = {}
+_skipped: list[str] = []  # Why the fixes were not applied, once known.
+
+
+def _version() -> tuple[int, int]:
+    major, minor = keras.version().split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def skip_reason() -> Optional[str]:
+    """Why the fixes would not be applied on this Keras (``None``: they would)."""
+    mode = os.environ.get(MODE_ENV, "")
+    if mode == "off":
+        return f"{MODE_ENV}=off"
+    if mode == "force":
+        return None
+    (low, high), version = VERIFIED_KERAS, _version()
+    if not low <= version <= high:
+        return (f"Keras {keras.version()} is outside the versions they were verified against "
+                f"({low[0]}.{low[1]} to {high[0]}.{high[1]}); set {MODE_ENV}=force to try them")
+    missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
+    if missing:
+        return f"Keras {keras.version()} has no {', '.join(missing)}"
+    return None
+
+
+def install(names: Optional[tuple[str, ...]] = None) -> None:
+    """Installs the fixes (all, or those named), once; idempotent.
+
+    On a Keras they were not verified against, warns once and installs nothing.
+    """
+    reason = skip_reason()
+    if reason:
+        if not _skipped:
+            _skipped.append(reason)
+            logging.warning("tfpar's fixes for Keras fit under tf.distribute are not applied: "
+                            "%s. Uneven batches under 'mirrored' and fit under multi_worker may "
+                            "fail.", reason)
         return
-    _original = trainer_cls._maybe_symbolic_build
-    _original_reduce = _tf_trainer.reduce_per_replica
-    trainer_cls._maybe_symbolic_build = _maybe_symbolic_build
-    _tf_trainer.reduce_per_replica = _reduce_per_replica
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name not in _originals:
+            owner = fix.owner()
+            _originals[fix.name] = getattr(owner, fix.attribute)
+            setattr(owner, fix.attribute, fix.wrap(_originals[fix.name]))
 
 
-def uninstall() -> None:
-    """Restores Keras's own code (for tests that show the defects)."""
-    global _original, _original_reduce
-    if _original is not None:
-        _tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _original
-        _tf_trainer.reduce_per_replica = _original_reduce
-        _original = _original_reduce = None
+def uninstall(names: Optional[tuple[str, ...]] = None) -> None:
+    """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name in _originals:
+            setattr(fix.owner(), fix.attribute, _originals.pop(fix.name))
 
 
 def installed() -> bool:
-    """Returns whether the fix is installed."""
-    return _original is not None
+    """Returns whether every fix is installed."""
+    return all(fix.name in _originals for fix in FIXES)
+
+
+def status() -> dict[str, Any]:
+    """What ``tfpar env`` reports: Keras's version, the verified range, whether the fixes
+    apply, each fix."""
+    (low, high), reason = VERIFIED_KERAS, skip_reason()
+    return {"keras": keras.version(),
+            "verified_with_keras": f"{low[0]}.{low[1]} to {high[0]}.{high[1]}",
+            "applied": (f"no: {reason}" if reason else
+                        "yes, by tfpar.strategies.get for strategies of several replicas"),
+            "fixes": {f.name: f.description for f in FIXES}}
