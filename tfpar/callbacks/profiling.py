@@ -1,9 +1,10 @@
 """Tracing some training steps for TensorBoard's profiler.
 
-Keras's ``TensorBoard(profile_batch=...)`` callback also writes summaries, which needs the
-``tensorboard`` package; tfpar's dependencies do not include it, so this callback only drives
-``tf.profiler.experimental`` (part of TensorFlow). View the trace with
-``pip install tensorboard tensorboard-plugin-profile`` and ``tensorboard --logdir DIR``.
+Keras's ``TensorBoard(profile_batch=...)`` traces too, but only together with its summaries
+and only in the callback that writes them; this one drives ``tf.profiler.experimental`` alone,
+so the benchmark's workers and runs without ``--logdir`` can trace. View the trace in
+TensorBoard's profile tab (``pip install tensorboard-plugin-profile``; ``tensorboard --logdir
+DIR``).
 """
 
 from __future__ import annotations
