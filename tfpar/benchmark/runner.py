@@ -143,7 +143,8 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
         progress: Called with a line of progress text; ``None`` for silence.
         profile_steps: After warm-up, every process traces this many steps for TensorBoard's
             profiler (not measured) into ``profile_dir/{model}_{strategy}_{devices}``
-            (``_process{i}`` added for each process of a multi-process configuration).
+            (``_process{i}`` added for each process of a multi-process configuration; of a
+            multi-worker job, only the chief, process 0, traces).
         profile_dir: Where the traces go.
 
     Returns:

@@ -40,6 +40,7 @@ from tfpar.benchmark.configuration import CEILING
 from tfpar.benchmark.configuration import Configuration
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.errors import TfparError
+from tfpar.multiworker import cluster
 from tfpar.training import building
 
 # Every configuration trains with the train command's default optimizer.
@@ -143,7 +144,11 @@ def serve(config: Configuration, profile_steps: int = 0, profile_dir: Optional[s
     trainer.train(max(config.warmup_steps, 2 * config.steps_per_execution))
     trainer.all_reduce_seconds()  # Traces it.
     if profile_steps:
-        trainer.train(profile_steps, [ProfileSteps(1, profile_steps, profile_dir)])
+        # Every worker of a job trains the steps; only the chief traces them (see
+        # tfpar.training.run: TensorFlow's profiler aborts now and then in other workers).
+        chief = cluster.is_chief(trainer.strategy)
+        trainer.train(profile_steps,
+                      [ProfileSteps(1, profile_steps, profile_dir)] if chief else [])
     replies.write(f"READY {json.dumps(trainer.info)}\n")
     replies.flush()
     for line in requests:
