@@ -12,7 +12,7 @@ from tfpar.errors import ConfigError
 
 def _benchmark_processes():
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "tfpar.benchmark_worker" in line]
+    return [line for line in out.splitlines() if "tfpar.benchmark.worker" in line]
 
 
 class RunTest(tf.test.TestCase):

@@ -134,7 +134,7 @@ class EveryEntryTest(testing.StrategyTestCase):
     @testing.for_each_strategy(num_devices=(2,))
     def test_subclassed_with_regularizer(self, strategy_name, num_devices):
         # Clipping too where it is exact: Keras's step clips each replica's partial gradient
-        # (allreduce_strategy_test shows it).
+        # (tests/allreduce/step_test.py shows it).
         clip = 0.5 if strategy_name == "allreduce" else None
         self.check(strategy_name, "subclassed", lambda: subclassed(clip))
 

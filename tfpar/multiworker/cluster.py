@@ -1,9 +1,10 @@
 """Multi-worker clusters: where the workers are, checked before any connection is tried.
 
 The cluster comes from ``TF_CONFIG`` (set by Kubernetes TFJob, Vertex AI, or
-:mod:`tfpar.multiworker.launcher`), from SLURM (TensorFlow's ``SlurmClusterResolver``), or from explicit
-``worker_hosts`` and ``task_index``. A malformed or inconsistent spec raises
-:class:`~tfpar.errors.ClusterError` saying what is wrong.
+:mod:`tfpar.multiworker.launcher`), from SLURM (TensorFlow's ``SlurmClusterResolver``), or
+from explicit ``worker_hosts`` and ``task_index``. A malformed or inconsistent spec raises
+:class:`~tfpar.errors.ClusterError` saying what is wrong. No TensorFlow at import (the command
+line reads this module's constants).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ SOURCES = ("auto", "tf_config", "slurm", "flags")
 TASK_TYPES = ("chief", "worker")
 DEFAULT_TIMEOUT_SECONDS = 300.0
 REPORT_EVERY_SECONDS = 5.0
-# Set to "1" by the launcher when the workers run on a private network (tfpar.multiworker.private_network).
+# Set to "1" by the launcher when the workers run on a private network (.private_network).
 PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
 
 

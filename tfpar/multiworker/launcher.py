@@ -5,7 +5,7 @@ worker's rank, and supervises: if a worker fails or is killed, the others are st
 launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
 their own process groups, so nothing they start outlives the launcher.
 
-By default the workers run on a private loopback network (:mod:`tfpar.multiworker.private_network`), since
+By default the workers run on a private loopback network (:mod:`.private_network`), since
 TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
 runs them on the machine's network instead (then their ports must be firewalled), and a port
 taken by another program before a worker binds it makes the launcher start over with new ports.

@@ -1,7 +1,7 @@
-"""The registry's built-in entries: ``default``, ``one_device``, ``mirrored``,
-``central_storage``, ``allreduce``, ``multi_worker`` and ``multi_worker_allreduce``.
+"""The registry's built-in entries; importing this module registers them.
 
-Importing this module registers them. It imports no TensorFlow: each factory imports what it
+``default``, ``one_device``, ``mirrored``, ``central_storage``, ``allreduce``, ``multi_worker``
+and ``multi_worker_allreduce``. The module imports no TensorFlow: each factory imports what it
 builds, so listing the entries and their options (their factories' signatures) is instant.
 """
 

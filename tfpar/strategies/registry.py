@@ -11,10 +11,10 @@ entries are in :mod:`tfpar.strategies.builtin`.
 
 :func:`get` returns the strategy with what it was made from attached: ``strategy.tfpar`` is a
 :class:`Selection` (the entry, its options, the device set), so nothing downstream looks the
-entry up by name again or passes options beside the strategy. Users add entries with :func:`register` (also a decorator); other
-packages add them through the ``tfpar.strategies`` entry-point group, whose entries load a
-:class:`StrategyEntry` or a factory (registered under the entry point's name, described by the
-first line of its docstring).
+entry up by name again or passes options beside the strategy. Users add entries with
+:func:`register` (also a decorator); other packages add them through the ``tfpar.strategies``
+entry-point group, whose entries load a :class:`StrategyEntry` or a factory (registered under
+the entry point's name, described by the first line of its docstring).
 
 Example::
 
@@ -227,8 +227,8 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distrib
     allowed = chosen.options()
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its options: "
-                            f"{', '.join(allowed) or 'none'}.")
+        raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its "
+                            f"options: {', '.join(allowed) or 'none'}.")
     device_set = devices_lib.resolve(devices)
     if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
         raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "

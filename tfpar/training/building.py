@@ -1,5 +1,4 @@
-"""A model built and compiled for training under a strategy, as the train command and the
-benchmark both need it."""
+"""A model built and compiled under a strategy, as the train command and the benchmark need it."""
 
 from __future__ import annotations
 
