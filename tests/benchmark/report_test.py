@@ -47,7 +47,6 @@ class TableTest(tf.test.TestCase):
         # allreduce over mirrored on the same devices: 1.1, 1.1, 1.0 -> 1.1.
         self.assertRegex(rows[5], r"allreduce .* 1\.100 +1\.600$")
 
-
     def test_communication_in_step(self):
         # With its all-reduce the step runs at 80, 45, 90 images/s; without it, in the same
         # rounds, at 100, 50, 100: per-round ratios 0.8, 0.9, 0.9 -> the all-reduce takes 10%.

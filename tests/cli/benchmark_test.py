@@ -7,7 +7,6 @@ import sys
 import tensorflow as tf
 
 
-
 class ScriptTest(tf.test.TestCase):
 
     def test_bad_flags_fail_before_any_process_starts(self):

@@ -57,7 +57,6 @@ class ResumeTest(SameStateTestCase):
         sub = f"{strategy_name}_2_devices"
         self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
 
-
     def test_a_diverged_epoch_is_not_saved(self):
         directory = self.get_temp_dir()
         strategy = self.strategy("mirrored", 2)
@@ -73,7 +72,6 @@ class ResumeTest(SameStateTestCase):
         # The last finite epoch stays the resume point.
         self.assertEqual(tf.train.latest_checkpoint(directory), finite)
         self.assertEqual(checkpoint.restore(), 1)
-
 
     def test_state_made_with_something_else_is_refused(self):
         model_dir = self.get_temp_dir()

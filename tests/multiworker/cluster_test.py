@@ -17,7 +17,6 @@ from tfpar.multiworker import cluster
 from tfpar.multiworker import launcher
 
 
-
 class ClusterSpecTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_valid_tf_config(self):

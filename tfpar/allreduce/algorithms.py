@@ -32,6 +32,7 @@ from tfpar.allreduce.options import check_algorithm
 from tfpar.allreduce.options import DEFAULT_BYTES_PER_PACK
 from tfpar.errors import RegistryError
 
+
 def pack(tensors: Sequence[tf.Tensor], bytes_per_pack: int) -> list[list[int]]:
     """Groups tensor indices into buckets of one dtype and at most ``bytes_per_pack`` bytes.
 

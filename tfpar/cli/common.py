@@ -210,5 +210,3 @@ def strategy_listing() -> str:
 
     return "\n".join(f"{name}: {description}"
                      for name, description in strategies.available().items())
-
-

@@ -37,6 +37,7 @@ from tfpar.training.building import check_compile_options
 from tfpar.training.building import replica_devices
 from tfpar.training.config import TrainConfig
 
+
 @dataclasses.dataclass
 class RunResult:
     """What one training run on one device set measured.
