@@ -12,7 +12,6 @@ from absl.testing import parameterized
 from tfpar import data
 from tfpar import testing
 from tfpar import training
-from tfpar.callbacks import checkpointing
 from tfpar.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,22 +56,6 @@ class ResumeTest(SameStateTestCase):
         sub = f"{strategy_name}_2_devices"
         self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
 
-    def test_a_diverged_epoch_is_not_saved(self):
-        directory = self.get_temp_dir()
-        strategy = self.strategy("mirrored", 2)
-        with strategy.scope():
-            model = testing.tiny_model()
-        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
-        checkpoint.set_model(model)
-        checkpoint.on_epoch_end(0, {"loss": 1.5})
-        finite = tf.train.latest_checkpoint(directory)
-        with self.assertLogs(level="WARNING") as logs:
-            checkpoint.on_epoch_end(1, {"loss": float("nan")})
-        self.assertIn("Not saving epoch 2: its loss is nan", logs.output[0])
-        # The last finite epoch stays the resume point.
-        self.assertEqual(tf.train.latest_checkpoint(directory), finite)
-        self.assertEqual(checkpoint.restore(), 1)
-
     def test_state_made_with_something_else_is_refused(self):
         model_dir = self.get_temp_dir()
         config = training.TrainConfig(strategy="mirrored", dataset="synthetic", epochs=1,
@@ -86,17 +69,6 @@ class ResumeTest(SameStateTestCase):
         # Starting over is allowed.
         training.train_on_devices(dataclasses.replace(config, optimizer="adam", resume=False),
                                   1, synthetic_splits())
-
-    def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
-        model_dir = self.get_temp_dir()
-        with open(os.path.join(model_dir, "checkpoint"), "wb") as f:
-            f.write(b"\xff\xfe garbage \x00")
-        strategy = self.strategy("mirrored", 1)
-        with strategy.scope():
-            model = testing.tiny_model()
-        with self.assertRaisesRegex(ConfigError, r"checkpoint index .*checkpoint is not "
-                                                 r"readable"):
-            checkpointing.EpochCheckpoint(model_dir, model, strategy)
 
 
 def synthetic_splits():
