@@ -26,6 +26,9 @@ class EnvTest(tf.test.TestCase):
                          "'collective'")
         self.assertEqual(info["cluster"]["source"], "none")
         self.assertEqual(info["machine"]["cpu_cores"], os.cpu_count())
+        self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
+        self.assertCountEqual(info["keras_fixes"]["fixes"], ["symbolic_build",
+                                                             "reduce_per_replica"])
 
     def test_the_report_leaves_the_cpu_splittable(self):
         code = ("from tfpar import devices, env; env.collect(); "
