@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
-from typing import Mapping
+from typing import Mapping, Optional
 
 
-def install(package: str, names: Mapping[str, str] = {}) -> None:  # noqa: B006  (read only)
+def install(package: str, names: Optional[Mapping[str, str]] = None) -> None:
     """Makes ``names`` and every submodule of ``package`` importable on first use.
 
     Call it at the end of the package's ``__init__``: ``install(__name__, {"load":
@@ -26,6 +26,7 @@ def install(package: str, names: Mapping[str, str] = {}) -> None:  # noqa: B006 
         package: The package's ``__name__``.
         names: Public name to the submodule (relative to ``package``) that defines it.
     """
+    names = dict(names or {})
     module = sys.modules[package]
     submodules = frozenset(m.name for m in pkgutil.iter_modules(module.__path__))
 

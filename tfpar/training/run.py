@@ -148,8 +148,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         profile_dir = run_dir  # The trace shows under the same run in TensorBoard.
     if config.profile_steps and cluster.is_chief(strategy):
         # The chief's trace only: TensorFlow 2.21's profiler aborts now and then while it
-        # collects the trace in another worker of a job (heap corruption; seen in 4 of ~25
-        # traced runs, on worker 1 every time, never on the chief).
+        # collects the trace in another worker of a job (heap corruption; 8 of 55 traced
+        # 2-worker runs, on worker 1 every time, never on the chief).
         callbacks.append(ProfileSteps(*config.profile_steps, profile_dir))
     callbacks += user_callbacks
     # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
