@@ -143,7 +143,14 @@ class CommunicationOptionsTest(testing.StrategyTestCase):
             self.strategy("allreduce", 2, algorithm=algorithm,
                           gradient_compression=compression), rtol=tolerance, atol=tolerance)
 
-    def test_compression_sends_half_the_bytes(self):
+    @parameterized.parameters(
+        # bf16 has float32's range: the gradient sums travel as they are, then the loss
+        # tracker's float32 states with the example count, and the sums are divided after.
+        ("bf16", (tf.bfloat16, tf.float32)),
+        # fp16's range needs the gradients divided by the global count before the cast: the
+        # count goes first, on its own.
+        ("fp16", (tf.float32, tf.float16, tf.float32)))
+    def test_compression_sends_half_the_bytes(self, compression, dtypes):
         calls = []
         original = algorithms._reduce
 
@@ -151,15 +158,13 @@ class CommunicationOptionsTest(testing.StrategyTestCase):
             calls.extend(f.dtype for f in flats)
             return original(flats, chosen, context)
 
-        strategy = self.strategy("allreduce", 2, gradient_compression="bf16")
+        strategy = self.strategy("allreduce", 2, gradient_compression=compression)
         with strategy.scope():
             model = compiled(users_model)()
         with mock.patch.object(algorithms, "_reduce", spy):
             model.fit(testing.tiny_dataset(8), verbose=0)
-        # The count, then the gradients in bfloat16, then the loss tracker's float32 states,
-        # each by both replicas.
-        self.assertEqual(calls, [dtype for dtype in (tf.float32, tf.bfloat16, tf.float32)
-                                 for _ in range(2)])
+        # Each reduction by both replicas.
+        self.assertEqual(calls, [dtype for dtype in dtypes for _ in range(2)])
 
     def test_bad_options(self):
         with self.assertRaisesRegex(ConfigError, r"Unknown gradient_compression 'int8'\. "
@@ -239,12 +244,12 @@ class OptionsTest(testing.StrategyTestCase):
             model = compiled(users_model)()
         with mock.patch.object(algorithms, "_reduce", spy):
             model.fit(testing.tiny_dataset(8), verbose=0)
-        # One step, traced once: the example count first (issued before the forward pass),
-        # then users_model's gradients (2,592, 8, 24 and 3 floats) from the last layer to
-        # the first, in 64-byte buckets, each its own reduction (no two neighbours fit
-        # together), then the loss tracker's total and count together.
+        # One step, traced once: users_model's gradients (2,592, 8, 24 and 3 floats) from
+        # the last layer to the first, in 64-byte buckets, each its own reduction (no two
+        # neighbours fit together), then the loss tracker's total and count with the
+        # step's example count, together.
         # Both replicas make each call, in step (merge_call synchronises them).
-        expected = [[1], [3], [24], [8], [2592], [2]]
+        expected = [[3], [24], [8], [2592], [3]]
         self.assertEqual(calls, [(algorithm, sizes) for sizes in expected for _ in range(2)])
 
     def test_steps_per_execution(self):

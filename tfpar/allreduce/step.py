@@ -5,20 +5,24 @@ with plain ``model.fit``, and every step is :func:`train_step`::
 
     global batch --split--> replica shards        (the strategy's distributed dataset;
                                                    by ``split_weights`` for unequal devices)
-    all replicas:  all-reduce the example counts  (issued first, needed after the backward)
     each replica:  forward, loss, backward         (tf.GradientTape on its shard, in
                                                    ``accumulation_steps`` micro-batches)
     all replicas:  all-reduce the gradients        (.algorithms: collective | naive | ring,
                                                    buckets of ``bytes_per_pack`` bytes, last
-                                                   layer first; optionally in fp16/bf16)
+                                                   layer first; optionally in fp16/bf16;
+                                                   the example counts and the metrics' states
+                                                   in the last bucket)
     each replica:  the same update                 (the optimizer, applied once per replica)
 
 The gradient is exact: each replica differentiates the *sum* of its examples' losses (its
-mean loss, as ``model.compute_loss`` gives it, times its example count) and divides it by the
-all-reduced global count before the gradients are all-reduced. So uneven
+mean loss, as ``model.compute_loss`` gives it, times its example count); the all-reduced sums
+are divided by the all-reduced global count. So uneven
 shards (a last partial batch, a batch that does not divide by the number of replicas, an empty
 shard) weigh every example equally, unlike Keras's standard step, which averages the
-replicas' means. Clipping applies to the reduced gradient, as on one device.
+replicas' means. Clipping applies to the reduced gradient, as on one device. A step is one
+collective per bucket and nothing else (across workers each costs about a millisecond of
+latency however small), except with fp16 compression, whose range needs the gradients divided
+by the global count *before* the cast: the count is then all-reduced first, on its own.
 
 The optimizer must not reduce a second time: Keras 3's TensorFlow optimizer all-reduces
 gradients itself whenever ``apply`` runs in a replica context. The step therefore leaves the
@@ -149,11 +153,13 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
 
     The order of work, so that communication hides behind computation::
 
-        all-reduce the example count   (tiny; issued first, runs during the forward pass)
+        [fp16 only: all-reduce the example count, issued first, during the forward pass]
         forward, backward              (per micro-batch, one after the other, summed locally)
-        scale by 1 / global count      (then cast to the compression dtype, if any)
+        [fp16 only: scale by 1 / global count]; cast to the compression dtype, if any
         all-reduce the gradients       (buckets from the last layer to the first, each issued
-                                        as soon as its gradients exist) and the metrics' states
+                                        as soon as its gradients exist); the metrics' states
+                                        and the example count in the last bucket
+        scale by 1 / global count      (unless done before)
         clip, update                   (identical on every replica)
 
     Args:
@@ -175,9 +181,14 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     context = tf.distribute.get_replica_context()
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
-    # Issued before the model runs and needed only after the backward pass.
-    total = algorithms.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
-                                     options.bytes_per_pack)[0][0]
+    wire = _WIRE_DTYPES[options.gradient_compression]
+    # fp16 has too little range for a sum of losses' gradients: they are divided by the global
+    # count before the cast, so the count needs a reduction of its own, issued before the
+    # model runs (and needed only after the backward pass). Otherwise the count travels in the
+    # last bucket and the sums are divided after it: one collective fewer per step.
+    total = (algorithms.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
+                                       options.bytes_per_pack)[0][0]
+             if options.gradient_compression == "fp16" else None)
     variables = model.trainable_variables
     present = []  # Indices of the variables that get a gradient (known once traced).
 
@@ -225,24 +236,30 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
                 step_grads = tf.cond(micro_count > 0,
                                      lambda: forward_backward(*micro, micro_count), empty_shard)
         grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
-    # Scaled to the global mean before the all-reduce (exact: every replica divides by the
-    # same global count), so compressed gradients are in range and the sum needs no division.
-    scale = 1.0 / tf.maximum(total, 1.0)
-    if loss_scale is not None:
-        scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
-    wire = _WIRE_DTYPES[options.gradient_compression]
-    sent = [g * tf.cast(scale, g.dtype) for g in grads]
+    def scaled(grads, total):
+        # Every replica scales by the same factors (1 / the global count, 1 / the loss
+        # scale), so scaling before or after the sum is exact; fp16 scales before (into its
+        # range), the others after (with the count from the last bucket).
+        scale = 1.0 / tf.maximum(total, 1.0)
+        if loss_scale is not None:
+            scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
+        return [g * tf.cast(scale, g.dtype) for g in grads]
+
+    sent = scaled(grads, total) if total is not None else grads
     if wire is not None:
         sent = [tf.cast(g, wire) if g.dtype.is_floating else g for g in sent]
     # The metrics' states (the epoch's running totals of this replica) travel with the
     # gradients: summed, they are the global batch's.
     metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
     flat_states = [value for states in metric_states for value in states]
+    tail = flat_states + ([tf.reshape(count, [1])] if total is None else [])
     # From the last layer to the first: the order the backward pass produces them in.
-    reduced = algorithms.all_reduce_sum(sent[::-1] + flat_states, options.algorithm,
+    reduced = algorithms.all_reduce_sum(sent[::-1] + tail, options.algorithm,
                                        options.bytes_per_pack)
     reduced_grads = [tf.cast(r, g.dtype) for r, g in zip(reduced[:len(sent)][::-1], grads)]
-    reduced_states = reduced[len(sent):]
+    reduced_states = reduced[len(sent):len(sent) + len(flat_states)]
+    if total is None:
+        reduced_grads = scaled(reduced_grads, reduced[-1][0])
     # Identical on every replica, since the gradients were all-reduced. Only loss scaling
     # needs it (it is a pass over every gradient).
     finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
