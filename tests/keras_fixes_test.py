@@ -56,6 +56,45 @@ class KerasFixesTest(testing.StrategyTestCase):
         self.assertIn("Invalid reduction dimension 0 for input with 0 dimensions", out.getvalue())
         # With the fix, the same job trains: tests/multiworker/strategy_test.py.
 
+    def fit_as_if_across_workers(self, name):
+        """Fits a model with two scalar logs under ``name`` on 2 devices, with the log fix
+        treating the replicas as workers; returns its logs and the strategy.reduce calls."""
+        strategy = self.strategy(name, 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+            model.compile(optimizer="sgd", metrics=[keras.metrics.SparseCategoricalAccuracy()],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        initial = model.get_weights()
+        reduce, traced_reductions = strategy.reduce, []
+
+        def counted_reduce(*args, **kwargs):
+            # Those of the logs (TensorFlow's reads of metric variables reduce too).
+            if sys._getframe(1).f_code.co_filename == keras_fixes.__file__:
+                traced_reductions.append(args[0])
+            return reduce(*args, **kwargs)
+
+        with mock.patch.object(keras_fixes, "_several_workers", return_value=True), \
+                mock.patch.object(strategy, "reduce", counted_reduce):
+            across = model.fit(testing.tiny_dataset(16), verbose=0, shuffle=False).history
+        model.set_weights(initial)
+        model.compile(optimizer="sgd", metrics=[keras.metrics.SparseCategoricalAccuracy()],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        within = model.fit(testing.tiny_dataset(16), verbose=0, shuffle=False).history
+        return across, within, len(traced_reductions)
+
+    def test_scalar_logs_of_workers_are_reduced_in_one_collective(self):
+        # Keras's step: the loss and the accuracy, averaged across replicas together (traced
+        # once), to the values Keras's own reduction within one worker gives.
+        across, within, reductions = self.fit_as_if_across_workers("mirrored")
+        self.assertEqual(reductions, 1)
+        self.assertAllClose(within, across)
+
+    def test_logs_of_the_all_reduce_step_are_not_reduced_again(self):
+        # They are the global batch's on every replica already.
+        across, within, reductions = self.fit_as_if_across_workers("allreduce")
+        self.assertEqual(reductions, 0)
+        self.assertAllClose(within, across)
+
     def test_the_fixes_wrap_keras_own_code(self):
         keras_fixes.uninstall()
         originals = (keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build,

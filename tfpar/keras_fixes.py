@@ -11,8 +11,10 @@
 2. **Scalar logs across workers** (``reduce_per_replica``). Keras averages per-replica logs
    of a multi-worker strategy with ``strategy.reduce("MEAN", v, axis=0)``; a scalar has no axis
    0 (``Invalid reduction dimension 0 for input with 0 dimensions``), so ``fit`` stops after
-   the first step. The fix reduces scalars with ``axis=None`` and leaves everything else to
-   Keras's own function.
+   the first step. The fix reduces scalars with ``axis=None``, all of a dtype in one
+   collective (Keras would issue one per log per step), returns values the strategy says are
+   global already (``strategy.is_global_value``: the all-reduce step's logs) as they are, and
+   leaves everything else to Keras's own function.
 
 No public Keras API exposes the TensorFlow trainer, its symbolic build or its reduction of
 logs, so the fixes wrap these two private attributes of ``keras.src.backend.tensorflow.trainer``
@@ -75,15 +77,28 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
     def reduce_per_replica(values, strategy, reduction):
         if reduction not in ("auto", "mean") or not _several_workers(strategy):
             return original(values, strategy, reduction)
-
-        def reduce(v):
+        is_global = getattr(strategy, "is_global_value", lambda v: False)
+        flat = tree.flatten(values)
+        reduced = [v if is_global(v) else None for v in flat]
+        scalars: dict[tf.DType, list[int]] = {}
+        for i, v in enumerate(flat):
+            if reduced[i] is not None:
+                continue
             # With one local replica, per-replica values arrive as plain tensors.
             local = strategy.experimental_local_results(v)[0]
             if tf.is_tensor(local) and local.shape.rank == 0:
-                return strategy.reduce("MEAN", v, axis=None)
-            return original(v, strategy, reduction)
-
-        return tree.map_structure(reduce, values)
+                scalars.setdefault(local.dtype, []).append(i)
+            else:
+                reduced[i] = original(v, strategy, reduction)
+        # Every scalar log of a dtype in one collective (Keras: one each), since a collective
+        # across workers costs about a millisecond of latency however small it is.
+        for indices in scalars.values():
+            stacked = strategy.run(lambda *logs: tf.stack(logs),
+                                   args=tuple(flat[i] for i in indices))
+            means = tf.unstack(strategy.reduce("MEAN", stacked, axis=None), len(indices))
+            for i, mean in zip(indices, means):
+                reduced[i] = mean
+        return tree.pack_sequence_as(values, reduced)
 
     return reduce_per_replica
 

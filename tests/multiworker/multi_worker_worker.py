@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import keras
 import numpy as np
 
 from tfpar import keras_fixes
@@ -25,17 +26,20 @@ def main(name: str, initial_path: str, output_path: str, options: str = "{}",
     if without_fix:
         keras_fixes.uninstall((without_fix,))
     with strategy.scope():
-        model = testing.tiny_model()
+        model = model_with_metric()
     model.set_weights(list(np.load(initial_path).values()))
+    logs = StepLogs()
     if name == "multi_worker":
         # 3 steps of 8 over 2 workers (4 each). Keras's step weighs uneven shards inexactly,
         # so the batches divide evenly here.
-        model.fit(dataset(24), verbose=0, shuffle=False)
+        model.fit(dataset(24), verbose=0, shuffle=False, callbacks=[logs])
     else:
         # The all-reduce step is exact on uneven shards too: the last batch of 7 splits 4+3.
-        model.fit(dataset(23), verbose=0, shuffle=False)
+        model.fit(dataset(23), verbose=0, shuffle=False, callbacks=[logs])
     if is_chief(strategy):
         np.savez(output_path, *model.get_weights())
+        with open(output_path + ".logs.json", "w") as f:
+            json.dump(logs.steps, f)
 
 
 def serve() -> None:
@@ -50,6 +54,26 @@ def serve() -> None:
     while True:
         step()
         time.sleep(0.05)
+
+
+class StepLogs(keras.callbacks.Callback):
+    """Records the logs after each training step."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append({k: float(v) for k, v in logs.items()})
+
+
+def model_with_metric() -> keras.Model:
+    """The tiny model, logging an accuracy besides its loss (two scalar logs per step)."""
+    model = testing.tiny_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    return model
 
 
 def dataset(num_examples: int):

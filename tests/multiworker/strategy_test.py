@@ -45,7 +45,7 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         # Micro-batches of 2+2 and 2+1 (the last batch) accumulated before one all-reduce.
         ("multi_worker_allreduce", 23, {"accumulation_steps": 2}))
     def test_two_workers_match_single_process_training(self, name, num_examples, options=None):
-        reference = testing.tiny_model()
+        reference = multi_worker_worker.model_with_metric()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         final = os.path.join(self.get_temp_dir(), "final.npz")
         np.savez(initial, *reference.get_weights())
@@ -54,9 +54,15 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
                                   name, initial, final, json.dumps(options or {})], 2,
                                  out=out)
         self.assertEqual(status, 0, out.getvalue()[-3000:])
-        testing.fit_steps(reference, multi_worker_worker.dataset(num_examples), None)
+        expected_logs = multi_worker_worker.StepLogs()
+        reference.fit(multi_worker_worker.dataset(num_examples), verbose=0, shuffle=False,
+                      callbacks=[expected_logs])
         for expected, actual in zip(reference.get_weights(), np.load(final).values()):
             self.assertAllClose(expected, actual, rtol=1e-5, atol=1e-6)
+        # The logged loss and accuracy of every step are the global batch's (averaged across
+        # the workers in one collective under Keras's step; global already under tfpar's).
+        with open(final + ".logs.json") as f:
+            self.assertAllClose(expected_logs.steps, json.load(f), rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":
