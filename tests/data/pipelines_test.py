@@ -29,6 +29,13 @@ class PipelineTest(testing.StrategyTestCase):
         epoch.assign(1)
         self.assertEqual([y.numpy().tolist() for _, y in batches_of], batches[3:])
 
+    def test_epoch_stream_says_it_is_endless(self):
+        # tf.distribute skips its per-step cross-worker check for a batch left only on a
+        # dataset whose cardinality is infinite (flat_map alone reports it unknown).
+        examples = tf.data.Dataset.from_tensor_slices((tf.range(10), tf.range(10)))
+        stream = data.epoch_stream(examples, 10, 4, seed=3)
+        self.assertEqual(int(stream.cardinality()), tf.data.INFINITE_CARDINALITY)
+
     def test_epoch_batches_permute_each_epoch_and_resume_exactly(self):
         examples = tf.data.Dataset.from_tensor_slices((tf.range(10), tf.range(10)))
         batches, epoch = data.epoch_batches(examples, 10, 4, seed=3)

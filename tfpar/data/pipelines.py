@@ -68,6 +68,10 @@ def epoch_stream(dataset: tf.data.Dataset, num_examples: int, global_batch_size:
     images, labels = dataset.batch(num_examples).get_single_element()
     return (tf.data.Dataset.counter(first_epoch)
             .flat_map(lambda e: _epoch_of_batches(images, labels, global_batch_size, seed, e))
+            # flat_map hides that the stream is endless. Declared, it spares every step of a
+            # multi-worker job a collective: on a dataset that may end, tf.distribute first
+            # all-reduces across the workers whether any has a batch left.
+            .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
             .prefetch(tf.data.AUTOTUNE))
 
 
