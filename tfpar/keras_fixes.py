@@ -126,7 +126,8 @@ FIXES = (
     Fix("symbolic_build", "fit/evaluate build the model from one replica's shard, not a "
         "cross-replica mean (uneven batches; multi_worker)",
         lambda: _tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
-    Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None",
+    Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None, "
+        "in one collective; logs global already are not reduced again",
         lambda: _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
 )
 

@@ -236,6 +236,7 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
                 step_grads = tf.cond(micro_count > 0,
                                      lambda: forward_backward(*micro, micro_count), empty_shard)
         grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
+
     def scaled(grads, total):
         # Every replica scales by the same factors (1 / the global count, 1 / the loss
         # scale), so scaling before or after the sum is exact; fp16 scales before (into its
