@@ -20,7 +20,7 @@ are divided by the all-reduced global count. So uneven
 shards (a last partial batch, a batch that does not divide by the number of replicas, an empty
 shard) weigh every example equally, unlike Keras's standard step, which averages the
 replicas' means. Clipping applies to the reduced gradient, as on one device. A step is one
-collective per bucket and nothing else (across workers each costs about a millisecond of
+collective per bucket and nothing else (across workers each costs 1-2 ms of
 latency however small), except with fp16 compression, whose range needs the gradients divided
 by the global count *before* the cast: the count is then all-reduced first, on its own.
 
