@@ -17,7 +17,10 @@ class ScriptTest(tf.test.TestCase):
                  "gets an example. Received: --batch_size=1."),
                 (["--steps=1"], "--steps must be at least 2. Received: --steps=1."),
                 (["--threads_per_device=0"],
-                 "--threads_per_device must be at least 1. Received: --threads_per_device=0.")):
+                 "--threads_per_device must be at least 1. Received: --threads_per_device=0."),
+                # Keras's multi-step loop fails across workers (keras-team/keras#19246).
+                (["--strategies=multi_worker", "--steps=4", "--steps_per_execution=2"],
+                 "--steps_per_execution > 1 does not run across workers")):
             result = subprocess.run([sys.executable, script, *flags], capture_output=True,
                                     text=True)
             self.assertEqual(result.returncode, 2, result.stderr[-2000:])

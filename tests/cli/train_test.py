@@ -74,6 +74,12 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("huge_seed", [f"--seed={2**32}"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
         ("model_dir_is_a_file", [f"--model_dir={__file__}"], r"model_dir .* is a file; give a "
                                                               r"folder"),
+        # Keras's multi-step loop fails across workers (keras-team/keras#19246); refused
+        # before the workers are awaited.
+        ("steps_per_execution_across_workers",
+         ["--strategy=multi_worker_allreduce", "--steps_per_execution=3"],
+         r"--steps_per_execution > 1 does not run across workers .* Use "
+         r"--steps_per_execution=1 with multi-worker strategies"),
         ("sync_batchnorm_without_batchnorm", ["--model=lenet", "--sync_batchnorm"],
          r"--sync_batchnorm needs a model with BatchNorm layers; --model=lenet has none"),
     )

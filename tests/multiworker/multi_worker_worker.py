@@ -2,7 +2,8 @@
 
 Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
-    [FIX]]: FIX names a tfpar.keras_fixes fix to remove (to show the defect it fixes)
+    [FIX]]: the entry's options (and "steps_per_execution" for compile); FIX names a
+    tfpar.keras_fixes fix to remove (to show the defect it fixes)
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
 
@@ -22,11 +23,13 @@ from tfpar.multiworker.cluster import is_chief
 
 def main(name: str, initial_path: str, output_path: str, options: str = "{}",
          without_fix: str = "") -> None:
-    strategy = strategies.get(name, 1, **json.loads(options))  # Before any other TF op.
+    options = json.loads(options)
+    steps_per_execution = options.pop("steps_per_execution", 1)
+    strategy = strategies.get(name, 1, **options)  # Before any other TF op.
     if without_fix:
         keras_fixes.uninstall((without_fix,))
     with strategy.scope():
-        model = model_with_metric()
+        model = model_with_metric(steps_per_execution)
     model.set_weights(list(np.load(initial_path).values()))
     logs = StepLogs()
     if name == "multi_worker":
@@ -67,12 +70,13 @@ class StepLogs(keras.callbacks.Callback):
         self.steps.append({k: float(v) for k, v in logs.items()})
 
 
-def model_with_metric() -> keras.Model:
+def model_with_metric(steps_per_execution: int = 1) -> keras.Model:
     """The tiny model, logging an accuracy besides its loss (two scalar logs per step)."""
     model = testing.tiny_model()
     model.compile(optimizer=keras.optimizers.SGD(0.1),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()],
+                  steps_per_execution=steps_per_execution)
     return model
 
 

@@ -20,6 +20,7 @@ from keras import tree
 from tfpar.allreduce.options import StepOptions
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
+from tfpar.multiworker.mirrored import RefusesMultiStepExecution
 
 
 def is_keras_step(fn, step: str) -> bool:
@@ -91,7 +92,8 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
         self.step_options = step_options
 
 
-class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerAllReduceStrategy(RefusesMultiStepExecution, _AllReduceStep,
+                                   tf.distribute.MultiWorkerMirroredStrategy):
     """``MultiWorkerMirroredStrategy`` whose ``model.fit`` steps are tfpar's all-reduce step.
 
     Attributes:

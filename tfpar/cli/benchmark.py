@@ -18,6 +18,7 @@ from tfpar import strategies
 from tfpar.allreduce import options as allreduce_options
 from tfpar.cli import common
 from tfpar.errors import ConfigError
+from tfpar.multiworker import strategy as multiworker_strategy
 from tfpar.training import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -91,6 +92,8 @@ def main(argv: list[str]) -> None:
             continue
         if value < least:
             raise ConfigError(f"--{name} must be at least {least}. Received: --{name}={value}.")
+    if any(strategies.entry(name).multi_process for name in FLAGS.strategies):
+        multiworker_strategy.check_steps_per_execution(FLAGS.steps_per_execution)
     if FLAGS.batch_size < max(counts):
         raise ConfigError(f"--batch_size must be at least the largest device count "
                           f"({max(counts)}), so every replica gets an example. Received: "

@@ -92,13 +92,12 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
                   cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                   bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
-    import tensorflow as tf
-
     from tfpar.multiworker import strategy
+    from tfpar.multiworker.mirrored import MultiWorkerStrategy
 
     # TensorFlow packs the gradients from the last layer to the first into buckets of this
     # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
-    return strategy.make(tf.distribute.MultiWorkerMirroredStrategy, devices, implementation,
+    return strategy.make(MultiWorkerStrategy, devices, implementation,
                          cluster, worker_hosts, task_index, cluster_timeout,
                          bytes_per_pack=bytes_per_pack)
 
