@@ -255,15 +255,15 @@ class OptionsTest(testing.StrategyTestCase):
     def test_steps_per_execution(self):
         # 5 steps run as executions of 3 + 2 must train exactly as 5 single steps.
         strategy = self.strategy("allreduce", 2)
-        histories, weights = [], []
+        histories, weights, initial = [], [], None
         for steps in (1, 3):
             with strategy.scope():
                 model = compiled(users_model)()
                 model.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=steps,
                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            if weights:
-                model.set_weights(initial)
-            initial = model.get_weights()
+            if initial is None:
+                initial = model.get_weights()
+            model.set_weights(initial)  # Both runs start from the first one's weights.
             histories.append(model.fit(testing.tiny_dataset(40, batch_size=8),
                                        verbose=0).history)
             weights.append(model.get_weights())
