@@ -139,6 +139,46 @@ class EveryEntryTest(testing.StrategyTestCase):
         self.check(strategy_name, "subclassed", lambda: subclassed(clip))
 
 
+class KerasGradientAccumulationTest(testing.StrategyTestCase):
+    """The optimizer's own gradient_accumulation_steps: exact on one device, refused with the
+    alternative under the mirrored strategies, where TensorFlow cannot run it."""
+
+    MIRRORED = ("mirrored", "central_storage", "allreduce")
+
+    def build(self):
+        model = sequential()
+        model.compile(optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    @testing.for_each_strategy(num_devices=(1, 2))
+    def test_refused_under_mirrored_strategies_exact_elsewhere(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, num_devices)
+        data = dataset("sequential", uneven=False)
+        if strategy_name not in self.MIRRORED:
+            self.assertMatchesSingleDevice(self.build, data, strategy)
+            return
+        hint = ("give the strategy accumulation_steps=2 instead" if strategy_name == "allreduce"
+                else "train with the 'allreduce' strategy .* and its accumulation_steps=2")
+        with strategy.scope():
+            model = self.build()
+        before = model.get_weights()
+        with self.assertRaisesRegex(ConfigError, "The optimizer's gradient_accumulation_steps=2 "
+                                                 f"fails under tf.distribute's .*{hint}"):
+            model.fit(data, verbose=0)
+        for expected, actual in zip(before, model.get_weights()):  # Nothing was trained.
+            self.assertAllEqual(expected, actual)
+
+    def test_tensorflow_still_fails_without_the_refusal(self):
+        # Why the refusal exists (TensorFlow 2.21, Keras 3.15). If this fails, a TensorFlow or
+        # Keras release runs Keras's accumulation under MirroredStrategy: gate
+        # tfpar/strategies/keras_accumulation.py's refusal on the versions that cannot.
+        with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+            model = self.build()
+        with self.assertRaisesRegex(RuntimeError, "merge_call"):
+            model.fit(dataset("sequential", uneven=False), verbose=0)
+
+
 class AllReduceFitFeaturesTest(testing.StrategyTestCase):
     """fit's features under the all-reduce step, each equal to one device."""
 

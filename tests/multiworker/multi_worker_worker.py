@@ -2,7 +2,8 @@
 
 Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
-    [FIX]]: the entry's options (and "steps_per_execution" for compile); FIX names a
+    [FIX]]: the entry's options (and "steps_per_execution" for compile, "gradient_accumulation_steps"
+    for the optimizer); FIX names a
     tfpar.keras_fixes fix to remove (to show the defect it fixes)
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 import keras
 import numpy as np
@@ -24,12 +26,14 @@ from tfpar.multiworker.cluster import is_chief
 def main(name: str, initial_path: str, output_path: str, options: str = "{}",
          without_fix: str = "") -> None:
     options = json.loads(options)
-    steps_per_execution = options.pop("steps_per_execution", 1)
+    compile_options = {key: options.pop(key) for key in ("steps_per_execution",
+                                                         "gradient_accumulation_steps")
+                       if key in options}
     strategy = strategies.get(name, 1, **options)  # Before any other TF op.
     if without_fix:
         keras_fixes.uninstall((without_fix,))
     with strategy.scope():
-        model = model_with_metric(steps_per_execution)
+        model = model_with_metric(**compile_options)
     model.set_weights(list(np.load(initial_path).values()))
     logs = StepLogs()
     if name == "multi_worker":
@@ -70,10 +74,12 @@ class StepLogs(keras.callbacks.Callback):
         self.steps.append({k: float(v) for k, v in logs.items()})
 
 
-def model_with_metric(steps_per_execution: int = 1) -> keras.Model:
+def model_with_metric(steps_per_execution: int = 1,
+                      gradient_accumulation_steps: Optional[int] = None) -> keras.Model:
     """The tiny model, logging an accuracy besides its loss (two scalar logs per step)."""
     model = testing.tiny_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
+    model.compile(optimizer=keras.optimizers.SGD(
+                      0.1, gradient_accumulation_steps=gradient_accumulation_steps),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=[keras.metrics.SparseCategoricalAccuracy()],
                   steps_per_execution=steps_per_execution)

@@ -64,19 +64,31 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         with open(final + ".logs.json") as f:
             self.assertAllClose(expected_logs.steps, json.load(f), rtol=1e-5, atol=1e-6)
 
-    @parameterized.parameters("multi_worker", "multi_worker_allreduce")
-    def test_several_steps_per_execution_are_refused_with_the_reason(self, name):
-        # Keras's multi-step loop fails across workers (keras-team/keras#19246); a user's
-        # compile(steps_per_execution=2) gets tfpar's one-line reason instead.
+    @parameterized.parameters(
+        # Keras's multi-step loop fails across workers (keras-team/keras#19246).
+        ("multi_worker", {"steps_per_execution": 2},
+         "ConfigError: steps_per_execution > 1 does not run across workers"),
+        ("multi_worker_allreduce", {"steps_per_execution": 2},
+         "ConfigError: steps_per_execution > 1 does not run across workers"),
+        # Keras's accumulated update fails inside tf.cond under every mirrored strategy.
+        ("multi_worker", {"gradient_accumulation_steps": 2},
+         "ConfigError: The optimizer's gradient_accumulation_steps=2 fails under tf.distribute"
+         "'s mirrored strategies .* 'multi_worker_allreduce' across workers\\) and its "
+         "accumulation_steps=2"),
+        ("multi_worker_allreduce", {"gradient_accumulation_steps": 2},
+         "ConfigError: The optimizer's gradient_accumulation_steps=2 fails .* give the "
+         "strategy accumulation_steps=2 instead"))
+    def test_what_keras_cannot_run_across_workers_is_refused_with_the_reason(
+            self, name, compile_options, message):
+        # A user's compile gets tfpar's one-line reason instead of a failure inside TensorFlow.
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         np.savez(initial, *multi_worker_worker.model_with_metric().get_weights())
         out = io.StringIO()
         status = launcher.launch([sys.executable, os.path.join(HERE, "multi_worker_worker.py"),
                                   name, initial, os.path.join(self.get_temp_dir(), "final.npz"),
-                                  json.dumps({"steps_per_execution": 2})], 2, out=out)
+                                  json.dumps(compile_options)], 2, out=out)
         self.assertNotEqual(status, 0)
-        self.assertIn("ConfigError: steps_per_execution > 1 does not run across workers",
-                      out.getvalue())
+        self.assertRegex(out.getvalue(), message)
 
 
 if __name__ == "__main__":

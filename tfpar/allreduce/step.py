@@ -86,7 +86,8 @@ def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer]) -> None:
     A ``LossScaleOptimizer`` (mixed_float16) is supported: its inner optimizer is checked.
 
     Raises:
-        ConfigError: For no optimizer, weight decay, EMA or gradient accumulation.
+        ConfigError: For no optimizer, weight decay or EMA (the strategy refuses the
+            optimizer's gradient accumulation before the step is traced).
     """
     if optimizer is None:
         raise ConfigError("Compile the model with an optimizer and a loss before training it, "
@@ -95,15 +96,11 @@ def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer]) -> None:
     unsupported = {
         "weight_decay": getattr(optimizer, "weight_decay", None),
         "use_ema": getattr(optimizer, "use_ema", False),
-        "gradient_accumulation_steps": getattr(optimizer, "gradient_accumulation_steps", None),
     }
     used = [name for name, value in unsupported.items() if value]
     if used:
-        hint = (" For gradient accumulation, give the strategy accumulation_steps instead "
-                "(exact, and one all-reduce per accumulated batch)."
-                if "gradient_accumulation_steps" in used else "")
         raise ConfigError(f"The all-reduce step does not support optimizer {', '.join(used)}. "
-                          f"Use an optimizer without it, or the 'mirrored' strategy.{hint}")
+                          "Use an optimizer without it, or the 'mirrored' strategy.")
 
 
 def _clip(optimizer: keras.optimizers.Optimizer, grads: list) -> list:

@@ -21,6 +21,7 @@ from tfpar.allreduce.options import StepOptions
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
 from tfpar.multiworker.mirrored import RefusesMultiStepExecution
+from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
 def is_keras_step(fn, step: str) -> bool:
@@ -30,10 +31,11 @@ def is_keras_step(fn, step: str) -> bool:
             and getattr(fn, "__func__", None) is getattr(keras.Model, step))
 
 
-class _AllReduceStep:
+class _AllReduceStep(RefusesKerasGradientAccumulation):
     """Mixin for a ``tf.distribute`` strategy: ``model.fit`` runs :func:`train_step`."""
 
     step_options: StepOptions
+    accumulation_option_hint = "give the strategy accumulation_steps={steps} instead"
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """``Strategy.run``; Keras's own ``train_step`` is replaced by the all-reduce step.
@@ -43,6 +45,7 @@ class _AllReduceStep:
         then logs them as they are instead of averaging every scalar across the replicas
         (across workers, a collective of 1-2 ms of latency and CPU per step).
         """
+        self.check_train_step(fn)
         if not is_keras_step(fn, "train_step"):
             return super().run(fn, args=args, kwargs=kwargs, options=options)
         logs = super().run(functools.partial(train_step, fn.__self__, self.step_options),

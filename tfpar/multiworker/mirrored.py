@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfpar.multiworker.strategy import check_steps_per_execution
+from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
 class RefusesMultiStepExecution:
@@ -28,5 +29,6 @@ class RefusesMultiStepExecution:
         return super().run(fn, args=args, kwargs=kwargs, options=options)
 
 
-class MultiWorkerStrategy(RefusesMultiStepExecution, tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerStrategy(RefusesMultiStepExecution, RefusesKerasGradientAccumulation,
+                          tf.distribute.MultiWorkerMirroredStrategy):
     """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run."""

@@ -40,11 +40,10 @@ def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
 def _mirrored(devices: devices_lib.DeviceSet, cross_device_ops: str = "auto"
               ) -> tf.distribute.Strategy:
     """MirroredStrategy: one replica per device, gradients all-reduced, model.fit."""
-    import tensorflow as tf
-
     from tfpar.strategies.cross_device_ops import make_cross_device_ops
+    from tfpar.strategies.mirrored import MirroredStrategy
 
-    return tf.distribute.MirroredStrategy(
+    return MirroredStrategy(
         devices.tf_names, cross_device_ops=make_cross_device_ops(cross_device_ops, devices))
 
 

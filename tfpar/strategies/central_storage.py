@@ -6,10 +6,13 @@ import tensorflow as tf
 
 from tfpar.allreduce.strategy import is_keras_step
 from tfpar.errors import ConfigError
+from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
-class CentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
-    """``CentralStorageStrategy`` that refuses Keras's ``evaluate``, which miscounts under it."""
+class CentralStorageStrategy(RefusesKerasGradientAccumulation,
+                             tf.distribute.experimental.CentralStorageStrategy):
+    """``CentralStorageStrategy`` that refuses Keras's ``evaluate``, which miscounts under it,
+    and the optimizer's gradient accumulation, which fails under it."""
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """``Strategy.run``; raises for Keras's own ``test_step`` (evaluate, validation)."""
