@@ -32,6 +32,14 @@ class OptionsTest(testing.StrategyTestCase):
         self.assertTrue(all(map(math.isfinite, result.history["loss"])))
         self.assertEqual(keras.mixed_precision.global_policy().name, "float32")
 
+    @testing.for_each_strategy(num_devices=(1,))
+    def test_every_entry_trains_on_one_device(self, strategy_name, num_devices):
+        self.strategy(strategy_name, num_devices)  # Skips what cannot run in this process.
+        result = training.train_on_devices(
+            dataclasses.replace(CONFIG, strategy=strategy_name), num_devices, splits())
+        self.assertEqual(result.devices, ["CPU:0"])
+        self.assertTrue(all(map(math.isfinite, result.history["loss"])))
+
     @parameterized.parameters("mirrored", "allreduce")
     def test_jit_compile_on_one_device(self, strategy):
         result = training.train_on_devices(

@@ -74,6 +74,9 @@ def check_compile_options(jit_compile: bool, strategy: tf.distribute.Strategy,
 def replica_devices(strategy: tf.distribute.Strategy,
                     device_set: devices_lib.DeviceSet) -> list[str]:
     """Names every replica's device, over all workers (``worker:1/CPU:0``) for multi-worker."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # One process (the default strategy has no worker devices to count).
+        return list(device_set.names)
     num_workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
     if num_workers == 1:
         return list(device_set.names)
