@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import unittest.mock
 
 import tensorflow as tf
 
@@ -26,6 +27,7 @@ class EnvTest(tf.test.TestCase):
                          "'collective'")
         self.assertEqual(info["cluster"]["source"], "none")
         self.assertEqual(info["machine"]["cpu_cores"], os.cpu_count())
+        self.assertEqual(info["machine"]["cpu"], env.describe_cpu())
         self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
         self.assertCountEqual(info["keras_fixes"]["fixes"], ["symbolic_build",
                                                              "reduce_per_replica"])
@@ -49,6 +51,32 @@ class EnvTest(tf.test.TestCase):
             else:
                 os.environ["TF_CONFIG"] = previous
         self.assertIn("error: TF_CONFIG is not valid JSON", text)
+
+
+class CpuTest(tf.test.TestCase):
+    """The CPU line: the widest vector extension decides which oneDNN kernels run."""
+
+    def cpu(self, text, **environ):
+        path = os.path.join(self.get_temp_dir(), "cpuinfo")
+        with open(path, "w") as f:
+            f.write(text)
+        with unittest.mock.patch.dict(os.environ, environ):
+            return env.cpu(path)
+
+    def test_the_widest_extension_of_the_first_cpu(self):
+        first = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx fma avx2\n"
+        info = self.cpu(first + "\nprocessor\t: 1\nflags\t\t: avx512f\n")
+        self.assertEqual(info, {"model": "AMD EPYC 7B13", "vector_extension": "AVX2",
+                                "onednn_max_cpu_isa": "unset"})
+        self.assertEqual(self.cpu("flags : avx2 avx512f avx512bw\n")["vector_extension"],
+                         "AVX-512")
+        self.assertEqual(self.cpu("flags : sse2\n")["vector_extension"], "none")
+
+    def test_onednn_cap_and_a_machine_without_cpuinfo(self):
+        self.assertEqual(self.cpu("flags : avx512f\n", ONEDNN_MAX_CPU_ISA="AVX2")
+                         ["onednn_max_cpu_isa"], "AVX2")
+        self.assertEqual(env.cpu(os.path.join(self.get_temp_dir(), "absent"))
+                         ["vector_extension"], "unknown")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Run as ``tfpar-env`` or ``python -m tfpar.env`` (``--json`` for tools).
 
 Versions (Python, tfpar, TensorFlow, Keras, the CUDA/cuDNN TensorFlow was built with), the
-physical devices and the logical CPU split, the threads tfpar gives each logical CPU device,
+CPU (model, widest vector extension: oneDNN's kernels differ by it), the physical devices
+and the logical CPU split, the threads tfpar gives each logical CPU device,
 the strategy registry with every entry's options, the cluster ``multi_worker`` would join, and
 the Keras fixes tfpar installs. Nothing here initialises TensorFlow's runtime, so the CPU can
 still be split afterwards.
@@ -22,6 +23,52 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+# The widest x86 vector extension the CPU reports, widest first: the kernels TensorFlow's oneDNN
+# picks at run time (Eigen's are fixed when TensorFlow is built), so two machines of the same
+# name but different extensions can run the same model at different speeds.
+_VECTOR_EXTENSIONS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                      ("avx", "AVX"))
+
+
+def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """Returns the CPU's model name, its widest vector extension and oneDNN's cap on it.
+
+    Args:
+        cpuinfo_path: Where Linux describes the CPU; elsewhere the model is the platform's
+            and the extension ``"unknown"``.
+
+    Returns:
+        ``model``, ``vector_extension`` (``AMX``, ``AVX-512``, ``AVX2``, ``AVX``, ``none`` or
+        ``unknown``) and ``onednn_max_cpu_isa`` (the ``ONEDNN_MAX_CPU_ISA`` variable, which
+        caps the extension TensorFlow's oneDNN kernels use, or ``unset``).
+    """
+    fields = {}
+    try:
+        with open(cpuinfo_path) as f:
+            for line in f:  # The first CPU's fields; they end at its first blank line.
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    model = fields.get("model name") or platform.processor() or "unknown"
+    flags = set(fields["flags"].split()) if "flags" in fields else None
+    extension = "unknown" if flags is None else next(
+        (name for flag, name in _VECTOR_EXTENSIONS if flag in flags), "none")
+    return {"model": model, "vector_extension": extension,
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset")}
+
+
+def describe_cpu() -> str:
+    """Returns one line naming the CPU, e.g. ``AMD EPYC, AVX-512, 2 cores``."""
+    info = cpu()
+    capped = ("" if info["onednn_max_cpu_isa"] == "unset"
+              else f" (oneDNN capped at {info['onednn_max_cpu_isa']})")
+    return (f"{info['model']}, {info['vector_extension']}{capped}, "
+            f"{os.cpu_count() or 1} cores")
 
 
 def _cluster() -> dict[str, Any]:
@@ -61,7 +108,8 @@ def collect() -> dict[str, Any]:
             "nccl": ("in this CUDA build (used on GPUs)" if build.get("is_cuda_build")
                      else "not available (CPU build)"),
         },
-        "machine": {"platform": platform.platform(), "cpu_cores": cores},
+        "machine": {"platform": platform.platform(), "cpu_cores": cores,
+                    "cpu": describe_cpu()},
         "devices": {
             "physical": [d.name for d in tf.config.list_physical_devices()],
             "logical_cpus": devices.logical_cpu_count(),

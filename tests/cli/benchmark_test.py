@@ -1,4 +1,4 @@
-"""Tests of scripts/benchmark.py: flag errors before any process starts."""
+"""Tests of scripts/benchmark.py: flag errors before any process starts; a tiny run's report."""
 
 import os
 import subprocess
@@ -7,10 +7,25 @@ import sys
 import tensorflow as tf
 
 
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
+
+
 class ScriptTest(tf.test.TestCase):
 
+    def test_a_run_names_the_cpu_its_figures_come_from(self):
+        # The same configuration runs at different speeds on CPUs with and without AVX-512
+        # (issue #16): the report says which kind measured it.
+        result = subprocess.run(
+            [sys.executable, SCRIPT, "--models=lenet", "--strategies=default",
+             "--num_devices=1", "--batch_size=8", "--steps=2", "--rounds=1",
+             "--warmup_steps=0"], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertRegex(result.stdout, r"\nMachine: .+, \d+ cores\n")
+        self.assertIn("(oneDNN capped at AVX2)", result.stdout)
+        self.assertRegex(result.stdout, r"\nlenet +default +\[CPU:0\] ")
+
     def test_bad_flags_fail_before_any_process_starts(self):
-        script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
         for flags, message in (
                 (["--batch_size=1", "--num_devices=1,2"],
                  "--batch_size must be at least the largest device count (2), so every replica "
@@ -21,7 +36,7 @@ class ScriptTest(tf.test.TestCase):
                 # Keras's multi-step loop fails across workers (keras-team/keras#19246).
                 (["--strategies=multi_worker", "--steps=4", "--steps_per_execution=2"],
                  "--steps_per_execution > 1 does not run across workers")):
-            result = subprocess.run([sys.executable, script, *flags], capture_output=True,
+            result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
                                     text=True)
             self.assertEqual(result.returncode, 2, result.stderr[-2000:])
             self.assertIn(f"Error: {message}", result.stderr)

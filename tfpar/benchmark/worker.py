@@ -119,7 +119,10 @@ class _Trainer:
         return self.strategy.experimental_local_results(self.strategy.run(replica_fn))[0]
 
     def all_reduce_seconds(self) -> float:
-        """Seconds of one all-reduce of gradient-shaped tensors through the strategy alone."""
+        """Seconds of one all-reduce of gradient-shaped tensors through the strategy alone
+        (0 for one replica, which has nothing to exchange)."""
+        if self.strategy.num_replicas_in_sync == 1:
+            return 0.0
         start = time.perf_counter()
         self._all_reduce().numpy()
         return time.perf_counter() - start

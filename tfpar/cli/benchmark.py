@@ -13,6 +13,7 @@ from absl import flags
 
 from tfpar import atomic_io
 from tfpar import benchmark
+from tfpar import env
 from tfpar import models
 from tfpar import strategies
 from tfpar.allreduce import options as allreduce_options
@@ -124,6 +125,7 @@ def main(argv: list[str]) -> None:
     measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,
                                  profile_steps=FLAGS.profile_steps, profile_dir=FLAGS.profile_dir)
     print()
+    print(f"Machine: {env.describe_cpu()}")  # Figures differ by CPU kind: say which.
     print(benchmark.table(measurements, FLAGS.epoch_examples))
     for path, write, what in ((FLAGS.output, benchmark.write_json, "Measurements"),
                               (FLAGS.csv, benchmark.write_csv, "Table"),
