@@ -5,6 +5,8 @@ The pytest plugin splits the CPU into 4 logical devices before this module is im
 """
 
 import os
+import subprocess
+import sys
 import unittest
 
 import tensorflow as tf
@@ -95,6 +97,22 @@ class ThreadsTest(tf.test.TestCase):
             with self.assertRaisesRegex(DeviceError, r"threads_per_device must be an integer >= "
                                                      rf"1\. Received: threads_per_device={bad!r}"):
                 devices.ensure_logical_cpus(2, bad)
+
+    def test_fewer_inter_op_threads_than_devices_are_kept_with_a_warning(self):
+        # One inter-op thread for 2 devices halves every step (README, issue #16).
+        for inter_op, warned in ((1, True), (2, False)):
+            code = ("import tensorflow as tf\n"
+                    f"tf.config.threading.set_inter_op_parallelism_threads({inter_op})\n"
+                    "from tfpar import devices\n"
+                    "devices.ensure_logical_cpus(2)\n"
+                    "print('inter-op', tf.config.threading.get_inter_op_parallelism_threads())\n")
+            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    text=True, timeout=120,
+                                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+            self.assertIn(f"inter-op {inter_op}", result.stdout, result.stderr[-2000:])
+            warning = ("1 inter-op thread(s) set with tf.config.threading for 2 logical CPU "
+                       "devices: the replicas take turns")
+            self.assertEqual(warning in result.stderr, warned, result.stderr[-2000:])
 
     def test_threads_cannot_change_after_initialisation(self):
         tf.constant(1.0)

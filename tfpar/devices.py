@@ -15,6 +15,7 @@ import re
 from typing import Iterator, Optional, Sequence, Union
 
 import tensorflow as tf
+from absl import logging
 
 from tfpar.errors import DeviceError
 
@@ -140,10 +141,19 @@ def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) ->
             ) from e
         if count > 1:
             os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1")
+        user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
         user_set_threads = (tf.config.threading.get_intra_op_parallelism_threads() != 0
-                            or tf.config.threading.get_inter_op_parallelism_threads() != 0)
+                            or user_inter_op != 0)
         if threads_per_device is None and not user_set_threads:
             threads_per_device = max(1, (os.cpu_count() or 1) // count)
+        elif threads_per_device is None and 0 < user_inter_op < count:
+            # Measured (README, issue #16): 2 devices with 1 inter-op thread ran at 0.52-0.59
+            # of 2 threads' speed, every round: the replicas' steps no longer overlap.
+            logging.warning(
+                "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
+                "the replicas take turns, so training runs at about one device's speed. Set at "
+                "least %d, or leave the threads unset for tfpar to choose.",
+                user_inter_op, count, count)
     if threads_per_device is None:
         return
     try:
