@@ -74,10 +74,9 @@ def check_compile_options(jit_compile: bool, strategy: tf.distribute.Strategy,
 def replica_devices(strategy: tf.distribute.Strategy,
                     device_set: devices_lib.DeviceSet) -> list[str]:
     """Names every replica's device, over all workers (``worker:1/CPU:0``) for multi-worker."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        # One process (the default strategy has no worker devices to count).
-        return list(device_set.names)
-    num_workers = strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    # Only a multi-worker strategy has other workers (and the default one no worker devices).
+    num_workers = (strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+                   if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) else 1)
     if num_workers == 1:
         return list(device_set.names)
     return [f"worker:{w}/{name}" for w in range(num_workers) for name in device_set.names]
