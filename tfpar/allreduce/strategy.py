@@ -45,9 +45,9 @@ class _AllReduceStep(RefusesKerasGradientAccumulation):
         then logs them as they are instead of averaging every scalar across the replicas
         (across workers, a collective of 1-2 ms of latency and CPU per step).
         """
-        self.check_train_step(fn)  # Here: the step that replaces Keras's has no model to check.
         if not is_keras_step(fn, "train_step"):
-            return super().run(fn, args=args, kwargs=kwargs, options=options)
+            return super().run(fn, args=args, kwargs=kwargs, options=options)  # Checks it.
+        self.check_train_step(fn)  # Here: the step that replaces Keras's has no model to check.
         logs = super().run(functools.partial(train_step, fn.__self__, self.step_options),
                            args=args, kwargs=kwargs, options=options)
         logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)
