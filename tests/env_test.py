@@ -31,6 +31,7 @@ class EnvTest(tf.test.TestCase):
         self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
         self.assertCountEqual(info["keras_fixes"]["fixes"], ["symbolic_build",
                                                              "reduce_per_replica"])
+        self.assertStartsWith(info["iterator_release"]["applied"], "yes")
 
     def test_the_report_leaves_the_cpu_splittable(self):
         code = ("from tfpar import devices, env; env.collect(); "

@@ -95,6 +95,7 @@ def collect() -> dict[str, Any]:
     from tfpar import devices
     from tfpar import keras_fixes
     from tfpar import strategies
+    from tfpar.strategies import iterator_release
 
     build = dict(tf.sysconfig.get_build_info())
     cores = os.cpu_count() or 1
@@ -126,6 +127,7 @@ def collect() -> dict[str, Any]:
                        for name in strategies.available()},
         "cluster": _cluster(),
         "keras_fixes": keras_fixes.status(),
+        "iterator_release": iterator_release.status(),
     }
 
 

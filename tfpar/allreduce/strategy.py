@@ -21,6 +21,7 @@ from tfpar.allreduce.options import StepOptions
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
 from tfpar.multiworker.mirrored import RefusesMultiStepExecution
+from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
 from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
@@ -31,8 +32,9 @@ def is_keras_step(fn, step: str) -> bool:
             and getattr(fn, "__func__", None) is getattr(keras.Model, step))
 
 
-class _AllReduceStep(RefusesKerasGradientAccumulation):
-    """Mixin for a ``tf.distribute`` strategy: ``model.fit`` runs :func:`train_step`."""
+class _AllReduceStep(RefusesKerasGradientAccumulation, ReleasesIteratorsInBackground):
+    """Mixin for a ``tf.distribute`` strategy: ``model.fit`` runs :func:`train_step` (its
+    input iterators freed in the background)."""
 
     step_options: StepOptions
     accumulation_option_hint = "give the strategy accumulation_steps={steps} instead"

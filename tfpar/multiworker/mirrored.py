@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfpar.multiworker.strategy import check_steps_per_execution
+from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
 from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
@@ -30,5 +31,6 @@ class RefusesMultiStepExecution:
 
 
 class MultiWorkerStrategy(RefusesMultiStepExecution, RefusesKerasGradientAccumulation,
-                          tf.distribute.MultiWorkerMirroredStrategy):
-    """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run."""
+                          ReleasesIteratorsInBackground, tf.distribute.MultiWorkerMirroredStrategy):
+    """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run and
+    frees its input iterators in the background."""

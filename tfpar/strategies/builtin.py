@@ -31,9 +31,9 @@ def _default(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
 @register("one_device", max_devices=1)
 def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """OneDeviceStrategy: everything placed on the one device of the set."""
-    import tensorflow as tf
+    from tfpar.strategies.one_device import OneDeviceStrategy
 
-    return tf.distribute.OneDeviceStrategy(devices.tf_names[0])
+    return OneDeviceStrategy(devices.tf_names[0])
 
 
 @register("mirrored")

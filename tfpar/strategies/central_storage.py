@@ -6,13 +6,15 @@ import tensorflow as tf
 
 from tfpar.allreduce.strategy import is_keras_step
 from tfpar.errors import ConfigError
+from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
 from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
 
 
-class CentralStorageStrategy(RefusesKerasGradientAccumulation,
+class CentralStorageStrategy(RefusesKerasGradientAccumulation, ReleasesIteratorsInBackground,
                              tf.distribute.experimental.CentralStorageStrategy):
     """``CentralStorageStrategy`` that refuses Keras's ``evaluate``, which miscounts under it,
-    and the optimizer's gradient accumulation, which fails under it."""
+    and the optimizer's gradient accumulation, which fails under it; its input iterators are
+    freed in the background."""
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """``Strategy.run``; raises for Keras's own ``test_step`` (evaluate, validation)."""

@@ -1,0 +1,86 @@
+"""Tests that tfpar's strategies free their input iterators on the release thread, and that
+their distributed datasets are otherwise TensorFlow's."""
+
+import time
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+
+from tfpar import testing
+from tfpar.strategies import iterator_release
+
+# The entries tfpar builds a strategy class for, in this process ("default" is TensorFlow's).
+ENTRIES = ("one_device", "mirrored", "central_storage", "allreduce")
+
+
+def wait_for_release(count: int, timeout: float = 60.0) -> int:
+    """Waits until the release thread has freed more than ``count`` iterators; returns how
+    many it has freed."""
+    deadline = time.monotonic() + timeout
+    while iterator_release.released_count() <= count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return iterator_release.released_count()
+
+
+class IteratorReleaseTest(testing.StrategyTestCase):
+
+    @testing.for_each_strategy(num_devices=(1, 2), names=ENTRIES)
+    def test_fit_iterators_are_freed_on_the_release_thread(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, num_devices)
+        with strategy.scope():
+            model = testing.tiny_model()
+        before = iterator_release.released_count()
+        model.fit(testing.tiny_dataset(), epochs=2, verbose=0)
+        # A finite dataset: one iterator per epoch, dropped by Keras at the epoch's end.
+        self.assertGreaterEqual(wait_for_release(before + 1) - before, 2)
+
+    def test_datasets_from_function_iterators_are_freed_too(self):
+        strategy = self.strategy("mirrored", 2)
+        dataset = strategy.distribute_datasets_from_function(
+            lambda context: tf.data.Dataset.range(8).batch(2))
+        iterator = iter(dataset)
+        next(iterator)
+        before = iterator_release.released_count()
+        del iterator
+        self.assertGreater(wait_for_release(before), before)
+
+    def test_distributed_dataset_still_works_inside_tf_function(self):
+        strategy = self.strategy("mirrored", 2)
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.range(8, output_type=tf.float32).batch(4))
+        self.assertIsInstance(dataset, tf.distribute.DistributedDataset)
+
+        @tf.function
+        def total(dataset):
+            result = tf.constant(0.0)
+            for batch in dataset:
+                result += strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(batch,)),
+                                          axis=None)
+            return result
+
+        self.assertEqual(float(total(dataset)), 28.0)
+
+    def test_fit_results_unchanged(self):
+        strategy = self.strategy("mirrored", 2)
+        losses = []
+        for release in (True, False):
+            with mock.patch.object(iterator_release, "applies", lambda: release):
+                with strategy.scope():
+                    model = testing.tiny_model()
+                    model.set_weights([np.full(w.shape, 0.1, w.dtype)
+                                       for w in model.get_weights()])
+                history = model.fit(testing.tiny_dataset(), epochs=2, verbose=0)
+                losses.append(history.history["loss"])
+        self.assertEqual(losses[0], losses[1])
+
+    def test_not_applied_outside_the_verified_tensorflow(self):
+        strategy = self.strategy("mirrored", 2)
+        with mock.patch.object(iterator_release, "_tensorflow_version", lambda: (2, 99)):
+            self.assertFalse(iterator_release.applies())
+            dataset = strategy.experimental_distribute_dataset(
+                tf.data.Dataset.range(8).batch(2))
+        self.assertFalse(getattr(dataset, "_tfpar_releases_iterators", False))
+        self.assertIs(type(dataset), type(tf.distribute.MirroredStrategy(
+            ["CPU:0"]).experimental_distribute_dataset(tf.data.Dataset.range(2))))
+
