@@ -1,6 +1,9 @@
 """Tests that tfpar's strategies free their input iterators on the release thread, and that
 their distributed datasets are otherwise TensorFlow's."""
 
+import os
+import subprocess
+import sys
 import time
 from unittest import mock
 
@@ -81,6 +84,22 @@ class IteratorReleaseTest(testing.StrategyTestCase):
             dataset = strategy.experimental_distribute_dataset(
                 tf.data.Dataset.range(8).batch(2))
         self.assertFalse(getattr(dataset, "_tfpar_releases_iterators", False))
+        with mock.patch.dict(os.environ, {iterator_release.MODE_ENV: "off"}):
+            self.assertEqual(iterator_release.status()["applied"],
+                             "no: TFPAR_ITERATOR_RELEASE=off")
+            self.assertFalse(getattr(strategy.experimental_distribute_dataset(
+                tf.data.Dataset.range(8).batch(2)), "_tfpar_releases_iterators", False))
         self.assertIs(type(dataset), type(tf.distribute.MirroredStrategy(
             ["CPU:0"]).experimental_distribute_dataset(tf.data.Dataset.range(2))))
 
+    def test_a_process_exits_cleanly_right_after_fit(self):
+        code = ("from tfpar import strategies, testing\n"
+                "strategy = strategies.get('mirrored', 2)\n"
+                "with strategy.scope():\n"
+                "    model = testing.tiny_model()\n"
+                "model.fit(testing.tiny_dataset(), epochs=2, verbose=0)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertNotIn("Exception ignored", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)

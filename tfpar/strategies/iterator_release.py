@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -33,6 +35,8 @@ import tensorflow as tf
 # whose tf.distribute datasets are plain Python classes; measured on 2.21. Others keep
 # TensorFlow's behaviour.
 VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
+
+MODE_ENV = "TFPAR_ITERATOR_RELEASE"  # "off": TensorFlow's behaviour (free where dropped).
 
 # The release thread frees an iterator's state this long after the iterator died: the thread
 # that dropped it clears the iterator's own references right after the finalizer returns.
@@ -47,10 +51,20 @@ def _tensorflow_version() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def applies() -> bool:
-    """Whether iterators are freed in the background on this TensorFlow."""
+def _skip_reason() -> Optional[str]:
+    if os.environ.get(MODE_ENV, "") == "off":
+        return f"{MODE_ENV}=off"
     low, high = VERIFIED_TENSORFLOW
-    return low <= _tensorflow_version() <= high
+    if not low <= _tensorflow_version() <= high:
+        return (f"TensorFlow {tf.__version__} is outside {low[0]}.{low[1]} to "
+                f"{high[0]}.{high[1]}")
+    return None
+
+
+def applies() -> bool:
+    """Whether iterators are freed in the background (this TensorFlow, and ``MODE_ENV``
+    not ``off``)."""
+    return _skip_reason() is None
 
 
 class _ReleaseThread:
@@ -60,10 +74,13 @@ class _ReleaseThread:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._stopped = False
         self.released = 0  # How many states it has freed (for tests).
 
     def put(self, state: dict[str, Any]) -> None:
         """Frees ``state`` (an object's attributes) on the release thread."""
+        if self._stopped or sys.is_finalizing():
+            return  # Exiting: freed where it was dropped, as TensorFlow does.
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tfpar-iterator-release",
@@ -84,6 +101,7 @@ class _ReleaseThread:
 
     def _stop(self) -> None:
         # Frees what is left before the interpreter goes, rather than during its teardown.
+        self._stopped = True
         self._queue.put(None)
         self._thread.join(_EXIT_TIMEOUT_SECONDS)
 
@@ -93,10 +111,8 @@ _release_thread = _ReleaseThread()
 
 def status() -> dict[str, str]:
     """What ``tfpar env`` reports: whether input iterators are freed in the background here."""
-    low, high = VERIFIED_TENSORFLOW
-    return {"applied": ("yes, by the strategies tfpar builds" if applies() else
-                        f"no: TensorFlow {tf.__version__} is outside {low[0]}.{low[1]} to "
-                        f"{high[0]}.{high[1]}"),
+    reason = _skip_reason()
+    return {"applied": f"no: {reason}" if reason else "yes, by the strategies tfpar builds",
             "what": "tf.data iterators freed off the training thread, so fit calls and "
                     "epochs do not wait for the input pipeline's autotuning thread"}
 
