@@ -1,15 +1,15 @@
 """Frees the input iterators of tfpar's strategies on a background thread.
 
-When an iterator over an autotuned ``tf.data`` pipeline is freed, TensorFlow (2.21, and the
-versions before it) waits in the iterator's destructor for the pipeline's autotuning thread to
-finish, and that thread only looks again at its next wake-up: it sleeps on a period that
-doubles from 10 ms to several seconds (``RootDataset::Iterator::~Iterator`` ->
+When an iterator over an autotuned ``tf.data`` pipeline is freed, TensorFlow (2.21, measured)
+waits in the iterator's destructor for the pipeline's autotuning thread to finish, and that
+thread only looks again at its next wake-up: it sleeps on a period that doubles from 10 ms to
+several seconds (``RootDataset::Iterator::~Iterator`` ->
 ``LogicalThreadWrapper::~LogicalThreadWrapper``, seen with ``py-spy dump --native``). Keras
 frees its iterator at the end of every ``fit``, ``evaluate`` and ``predict`` call and, on a
 finite dataset, at the end of every epoch, so the call or the epoch ends up to seconds late,
 with nothing running. Under ``tf.distribute`` every device has a pipeline of its own
-(``MultiDeviceIterator``), so it happens more often and lasts longer: 15 of 20 ``fit`` calls of
-60 LeNet steps under ``mirrored`` waited, up to 3 s, after ~2 s of training (README).
+(``MultiDeviceIterator``), so it happens more often and lasts longer: 9 of 10 ``fit`` calls of
+60 LeNet steps under ``mirrored`` waited, up to 8 s, after ~2.5 s of training (README).
 
 The strategy classes tfpar builds inherit :class:`ReleasesIteratorsInBackground`: each iterator
 of their distributed datasets, once dropped, is handed to one daemon thread that frees it.
