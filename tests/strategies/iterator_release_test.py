@@ -1,4 +1,4 @@
-"""Tests that tfpar's strategies free their input iterators on the release thread, and that
+"""Tests that tfpar's strategies free their input iterators on background threads, and that
 their distributed datasets are otherwise TensorFlow's."""
 
 import os
@@ -18,8 +18,8 @@ ENTRIES = ("one_device", "mirrored", "central_storage", "allreduce")
 
 
 def wait_for_release(count: int, timeout: float = 60.0) -> int:
-    """Waits until the release thread has freed more than ``count`` iterators; returns how
-    many it has freed."""
+    """Waits until more than ``count`` iterators have been freed in the background; returns how
+    many have been."""
     deadline = time.monotonic() + timeout
     while iterator_release.released_count() <= count and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -29,7 +29,7 @@ def wait_for_release(count: int, timeout: float = 60.0) -> int:
 class IteratorReleaseTest(testing.StrategyTestCase):
 
     @testing.for_each_strategy(num_devices=(1, 2), names=ENTRIES)
-    def test_fit_iterators_are_freed_on_the_release_thread(self, strategy_name, num_devices):
+    def test_fit_iterators_are_freed_in_the_background(self, strategy_name, num_devices):
         strategy = self.strategy(strategy_name, num_devices)
         with strategy.scope():
             model = testing.tiny_model()

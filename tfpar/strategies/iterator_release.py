@@ -12,7 +12,7 @@ with nothing running. Under ``tf.distribute`` every device has a pipeline of its
 60 LeNet steps under ``mirrored`` waited, up to 8 s, after ~2.5 s of training (README).
 
 The strategy classes tfpar builds inherit :class:`ReleasesIteratorsInBackground`: each iterator
-of their distributed datasets, once dropped, is handed to one daemon thread that frees it.
+of their distributed datasets, once dropped, is freed on a background thread of its own.
 TensorFlow releases the GIL while the destructor waits, so training goes on meanwhile. The
 input path itself is TensorFlow's, unchanged (same batches, same prefetching to devices).
 """
@@ -38,7 +38,7 @@ VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
 
 MODE_ENV = "TFPAR_ITERATOR_RELEASE"  # "off": TensorFlow's behaviour (free where dropped).
 
-# The release thread frees an iterator's state this long after the iterator died: the thread
+# A background thread frees an iterator's state this long after the iterator died: the thread
 # that dropped it clears the iterator's own references right after the finalizer returns.
 _GRACE_SECONDS = 0.1
 # At exit, how long to wait for iterators still being freed (each waits at most one
@@ -67,46 +67,60 @@ def applies() -> bool:
     return _skip_reason() is None
 
 
-class _ReleaseThread:
-    """One daemon thread that frees what it is given, in order."""
+class _Releaser:
+    """Frees what it is given on background threads: one per iterator, so that no iterator's
+    wait delays another's (an autotuning thread not joined at its wake-up sleeps again, for
+    twice as long)."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
+        self._dispatcher: Optional[threading.Thread] = None
+        self._workers: list[threading.Thread] = []
+        # Reentrant: a garbage collection inside put() may drop another iterator.
+        self._lock = threading.RLock()
         self._stopped = False
-        self.released = 0  # How many states it has freed (for tests).
+        self.released = 0  # How many states have been freed (for tests).
 
     def put(self, state: dict[str, Any]) -> None:
-        """Frees ``state`` (an object's attributes) on the release thread."""
+        """Frees ``state`` (an object's attributes) on a background thread."""
         if self._stopped or sys.is_finalizing():
             return  # Exiting: freed where it was dropped, as TensorFlow does.
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tfpar-iterator-release",
-                                                daemon=True)
-                self._thread.start()
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
+                                                    name="tfpar-iterator-release")
+                self._dispatcher.start()
                 atexit.register(self._stop)
         self._queue.put(state)
 
-    def _run(self) -> None:
+    def _dispatch(self) -> None:
         while True:
             state = self._queue.get()
             if state is None:
                 return
-            time.sleep(_GRACE_SECONDS)
-            state.clear()  # The destructors run here, and wait here.
+            worker = threading.Thread(target=self._free, args=([state],), daemon=True,
+                                      name="tfpar-iterator-release-worker")
             del state
+            worker.start()
+            self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+
+    def _free(self, box: list[dict[str, Any]]) -> None:
+        time.sleep(_GRACE_SECONDS)
+        box.clear()  # The destructors run here, and wait here.
+        with self._lock:
             self.released += 1
 
     def _stop(self) -> None:
         # Frees what is left before the interpreter goes, rather than during its teardown.
         self._stopped = True
         self._queue.put(None)
-        self._thread.join(_EXIT_TIMEOUT_SECONDS)
+        deadline = time.monotonic() + _EXIT_TIMEOUT_SECONDS
+        self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
+        for worker in list(self._workers):
+            worker.join(max(0.0, deadline - time.monotonic()))
 
 
-_release_thread = _ReleaseThread()
+_releaser = _Releaser()
 
 
 def status() -> dict[str, str]:
@@ -118,12 +132,12 @@ def status() -> dict[str, str]:
 
 
 def released_count() -> int:
-    """How many iterators the release thread has freed in this process."""
-    return _release_thread.released
+    """How many iterators have been freed in the background in this process."""
+    return _releaser.released
 
 
 def release_in_background(iterator: Any) -> Any:
-    """Arranges for ``iterator``'s state to be freed on the release thread when it is dropped.
+    """Arranges for ``iterator``'s state to be freed on a background thread when it is dropped.
 
     Args:
         iterator: An eager iterator (a Python object with attributes).
@@ -133,7 +147,7 @@ def release_in_background(iterator: Any) -> Any:
     """
     # Copies of its attributes keep what it holds alive past its own end; the finalizer runs
     # on whatever thread drops the iterator and only queues them.
-    finalizer = weakref.finalize(iterator, _release_thread.put, dict(vars(iterator)))
+    finalizer = weakref.finalize(iterator, _releaser.put, dict(vars(iterator)))
     finalizer.atexit = False
     return iterator
 
@@ -171,7 +185,7 @@ def releasing_iterators(dataset: Any) -> Any:
 
 class ReleasesIteratorsInBackground:
     """Mixin for a ``tf.distribute`` strategy: its distributed datasets' iterators are freed
-    on the release thread (see the module docstring), so ``fit`` and its epochs end when
+    on background threads (see the module docstring), so ``fit`` and its epochs end when
     their last step does."""
 
     def experimental_distribute_dataset(self, dataset, options=None):
