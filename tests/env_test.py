@@ -54,6 +54,14 @@ class EnvTest(tf.test.TestCase):
         self.assertIn("error: TF_CONFIG is not valid JSON", text)
 
 
+class VersionTest(tf.test.TestCase):
+
+    def test_major_minor_of_releases_and_prereleases(self):
+        self.assertEqual(env.major_minor("2.21.0"), (2, 21))
+        self.assertEqual(env.major_minor("3.15.1"), (3, 15))
+        self.assertEqual(env.major_minor("2.21rc1"), (2, 21))
+        self.assertEqual(env.major_minor("3.16.0.dev2025"), (3, 16))
+
 class CpuTest(tf.test.TestCase):
     """The CPU line: the widest vector extension decides which oneDNN kernels run."""
 

@@ -25,6 +25,14 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def major_minor(version: str) -> tuple[int, int]:
+    """Returns ``(major, minor)`` of a version string such as ``"2.21.0"`` or ``"3.16rc0"``
+    (what tfpar's version gates compare)."""
+    major, minor = version.split(".")[:2]
+    digits = len(minor) - len(minor.lstrip("0123456789"))
+    return int(major), int(minor[:digits] or 0)
+
+
 # The widest x86 vector extension the CPU reports, widest first: the kernels TensorFlow's oneDNN
 # picks at run time (Eigen's are fixed when TensorFlow is built), so two machines of the same
 # name but different extensions can run the same model at different speeds.

@@ -44,6 +44,8 @@ from keras import tree
 # fails without it (tests/keras_fixes_test.py).
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 
+from tfpar import env
+
 # (major, minor) versions of Keras the fixes were verified against, inclusive: the defective
 # code is unchanged from 3.0 to 3.15 (read in their sources); the suite ran on 3.15.1.
 VERIFIED_KERAS = ((3, 0), (3, 15))
@@ -136,8 +138,7 @@ _skipped: list[str] = []  # Why the fixes were not applied, once known.
 
 
 def _version() -> tuple[int, int]:
-    major, minor = keras.version().split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    return env.major_minor(keras.version())
 
 
 def skip_reason() -> Optional[str]:

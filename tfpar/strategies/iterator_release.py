@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from tfpar import env
+
 # (major, minor) TensorFlow versions it applies to, inclusive: those tfpar supports (setup.cfg),
 # whose tf.distribute datasets are plain Python classes; measured on 2.21. Others keep
 # TensorFlow's behaviour.
@@ -47,8 +49,7 @@ _EXIT_TIMEOUT_SECONDS = 60.0
 
 
 def _tensorflow_version() -> tuple[int, int]:
-    major, minor = tf.__version__.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    return env.major_minor(tf.__version__)
 
 
 def _skip_reason() -> Optional[str]:
