@@ -29,8 +29,9 @@ class EnvTest(tf.test.TestCase):
         self.assertEqual(info["machine"]["cpu_cores"], os.cpu_count())
         self.assertEqual(info["machine"]["cpu"], env.describe_cpu())
         self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
-        self.assertCountEqual(info["keras_fixes"]["fixes"], ["symbolic_build",
-                                                             "reduce_per_replica"])
+        self.assertCountEqual(info["keras_fixes"]["fixes"], [
+            "symbolic_build", "reduce_per_replica", "aggregating_assign_add",
+            "aggregating_assign_sub"])
         self.assertStartsWith(info["iterator_release"]["applied"], "yes")
 
     def test_the_report_leaves_the_cpu_splittable(self):

@@ -17,20 +17,14 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from tfpar.compat.versions import major_minor  # noqa: F401  (tfpar.env.major_minor)
+
 
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
-
-
-def major_minor(version: str) -> tuple[int, int]:
-    """Returns ``(major, minor)`` of a version string such as ``"2.21.0"`` or ``"3.16rc0"``
-    (what tfpar's version gates compare)."""
-    major, minor = version.split(".")[:2]
-    digits = len(minor) - len(minor.lstrip("0123456789"))
-    return int(major), int(minor[:digits] or 0)
 
 
 # The widest x86 vector extension the CPU reports, widest first: the kernels TensorFlow's oneDNN

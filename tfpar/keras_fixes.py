@@ -1,4 +1,4 @@
-"""Fixes for two defects of Keras 3 ``fit`` under ``tf.distribute``, installed by tfpar.
+"""Fixes for three defects of Keras 3 under ``tf.distribute``, installed by tfpar.
 
 1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
    strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
@@ -16,9 +16,18 @@
    global already (``strategy.is_global_value``: the all-reduce step's logs) as they are, and
    leaves everything else to Keras's own function.
 
-No public Keras API exposes the TensorFlow trainer, its symbolic build or its reduction of
-logs, so the fixes wrap these two private attributes of ``keras.src.backend.tensorflow.trainer``
-(the originals are kept and called). Each wrapper acts only where its defect is (several
+3. **Metrics under ``central_storage``** (``Variable.assign_add``/``assign_sub`` of Keras's
+   TensorFlow backend). Keras 3 adds to a variable by assigning it ``self + value``: a read,
+   then a write. ``CentralStorageStrategy`` keeps one copy of a metric's variables and sums
+   what every replica assigns, so each step adds the old total once per replica: after three
+   steps of a ``Mean`` on two replicas the count was 14 instead of 6, and ``fit``'s logged
+   loss and metrics, ``evaluate`` (Keras's ``test_step`` or a model's own) and validation were
+   wrong. The fix adds through TensorFlow's own ``assign_add``/``assign_sub`` there, which the
+   strategy sums as increments; everywhere else Keras's code runs.
+
+No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
+or how its variables add, so the fixes wrap these private attributes of
+``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only where its defect is (several
 replicas; several workers) and calls Keras's own code everywhere else.
 
 They are applied only on the Keras versions they were verified against
@@ -32,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
+import importlib
 from typing import Any, Callable, Optional
 
 import keras
@@ -40,16 +49,19 @@ import tensorflow as tf
 from absl import logging
 from keras import tree
 
-# See the module docstring: no public API serves; version-gated below; each fix has a test that
-# fails without it (tests/keras_fixes_test.py).
-from keras.src.backend.tensorflow import trainer as _tf_trainer
+from tfpar.compat import versions
 
-from tfpar import env
+# The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
+# to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
+VERIFIED_KERAS = versions.VERIFIED_KERAS
+MODE_ENV = versions.KERAS_MODE_ENV
 
-# (major, minor) versions of Keras the fixes were verified against, inclusive: the defective
-# code is unchanged from 3.0 to 3.15 (read in their sources); the suite ran on 3.15.1.
-VERIFIED_KERAS = ((3, 0), (3, 15))
-MODE_ENV = "TFPAR_KERAS_FIXES"  # "force" or "off"; unset: only on verified versions.
+
+def _tf_trainer() -> Any:
+    """Keras's TensorFlow trainer module. See the module docstring: no public API serves; it
+    is imported only behind the version gate (:func:`skip_reason`), and each fix has a test
+    that fails without it (tests/keras_fixes_test.py)."""
+    return importlib.import_module("keras.src.backend.tensorflow.trainer")
 
 
 def _several_workers(strategy: tf.distribute.Strategy) -> bool:
@@ -105,6 +117,25 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
     return reduce_per_replica
 
 
+def _tf_core() -> Any:
+    """Keras's TensorFlow variable module (imported behind the gate, as :func:`_tf_trainer`)."""
+    return importlib.import_module("keras.src.backend.tensorflow.core")
+
+
+def _wrap_aggregating_add(original: Callable, method: str) -> Callable:
+    @functools.wraps(original)
+    def add(self, value):
+        variable = self._value
+        if (tf.distribute.in_cross_replica_context()
+                or not isinstance(tf.distribute.get_strategy(),
+                                  tf.distribute.experimental.CentralStorageStrategy)
+                or getattr(variable, "aggregation", None) in (None, tf.VariableAggregation.NONE)):
+            return original(self, value)
+        return getattr(variable, method)(tf.cast(value, variable.dtype))
+
+    return add
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
     """One fix: which attribute of which object it wraps, and how.
@@ -127,32 +158,32 @@ class Fix:
 FIXES = (
     Fix("symbolic_build", "fit/evaluate build the model from one replica's shard, not a "
         "cross-replica mean (uneven batches; multi_worker)",
-        lambda: _tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
+        lambda: _tf_trainer().TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
     Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None, "
         "in one collective; logs global already are not reduced again",
-        lambda: _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+        _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+    Fix("aggregating_assign_add", "metric variables under central_storage add increments, "
+        "not each replica's read-then-write (loss, metrics, evaluate)",
+        lambda: _tf_core().Variable, "assign_add",
+        functools.partial(_wrap_aggregating_add, method="assign_add")),
+    Fix("aggregating_assign_sub", "the same for assign_sub",
+        lambda: _tf_core().Variable, "assign_sub",
+        functools.partial(_wrap_aggregating_add, method="assign_sub")),
 )
 
 _originals: dict[str, Callable] = {}
 _skipped: list[str] = []  # Why the fixes were not applied, once known.
 
 
-def _version() -> tuple[int, int]:
-    return env.major_minor(keras.version())
-
-
 def skip_reason() -> Optional[str]:
     """Why the fixes would not be applied on this Keras (``None``: they would)."""
-    mode = os.environ.get(MODE_ENV, "")
-    if mode == "off":
-        return f"{MODE_ENV}=off"
-    if mode == "force":
-        return None
-    (low, high), version = VERIFIED_KERAS, _version()
-    if not low <= version <= high:
-        return (f"Keras {keras.version()} is outside the versions they were verified against "
-                f"({low[0]}.{low[1]} to {high[0]}.{high[1]}); set {MODE_ENV}=force to try them")
-    missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
+    reason = versions.keras_skip_reason(keras.version())
+    if reason:
+        return reason
+    try:
+        missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
+    except ImportError as e:
+        return f"Keras {keras.version()} has no {e.name}"
     if missing:
         return f"Keras {keras.version()} has no {', '.join(missing)}"
     return None
@@ -193,9 +224,9 @@ def installed() -> bool:
 def status() -> dict[str, Any]:
     """What ``tfpar env`` reports: Keras's version, the verified range, whether the fixes
     apply, each fix."""
-    (low, high), reason = VERIFIED_KERAS, skip_reason()
+    reason = skip_reason()
     return {"keras": keras.version(),
-            "verified_with_keras": f"{low[0]}.{low[1]} to {high[0]}.{high[1]}",
+            "verified_with_keras": versions.keras_range_text(),
             "applied": (f"no: {reason}" if reason else
                         "yes, by tfpar.strategies.get for strategies of several replicas"),
             "fixes": {f.name: f.description for f in FIXES}}

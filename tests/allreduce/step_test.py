@@ -113,6 +113,17 @@ class MixedPrecisionTest(testing.StrategyTestCase):
         self.assertEqual(model.optimizer.dynamic_scale.numpy(), 2.0**39)
         self.assertAllClose(before, model.get_weights())
 
+    def test_adamw_ema_and_accumulation_with_loss_scaling(self):
+        def model_fn():
+            model = testing.tiny_model()
+            model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+                keras.optimizers.AdamW(1e-2, weight_decay=0.05, use_ema=True,
+                                       gradient_accumulation_steps=2)),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+        self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(21, batch_size=6),
+                                       self.strategy("allreduce", 2), rtol=1e-3, atol=1e-4)
+
 
 class CommunicationOptionsTest(testing.StrategyTestCase):
 
@@ -174,13 +185,97 @@ class CommunicationOptionsTest(testing.StrategyTestCase):
                                                  r"Received: accumulation_steps=0"):
             self.strategy("allreduce", 2, accumulation_steps=0)
 
-    def test_keras_gradient_accumulation_is_refused_with_the_alternative(self):
+    def test_a_models_own_step_is_refused_keras_accumulation_with_the_alternative(self):
+        # A train_step of the model's own calls the optimizer, which cannot accumulate under
+        # tf.distribute; Keras's train_step (the all-reduce step) can.
         strategy = self.strategy("allreduce", 2)
         with strategy.scope():
-            model = compiled(users_model, lambda: keras.optimizers.SGD(
+            model = compiled(OwnStepModel.create, lambda: keras.optimizers.SGD(
                 0.1, gradient_accumulation_steps=2))()
-        with self.assertRaisesRegex(ConfigError, "give the strategy accumulation_steps"):
+        with self.assertRaisesRegex(ConfigError, "A model's own train_step cannot use it here"):
             model.fit(testing.tiny_dataset(8), verbose=0)
+
+
+class OwnStepModel(keras.Model):
+    """A subclassed model with its own train_step."""
+
+    @classmethod
+    def create(cls):
+        inputs = keras.Input((18, 18, 1))
+        return cls(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+class OptimizerFeaturesTest(testing.StrategyTestCase):
+    """What Keras's Optimizer.apply does around update_step, under the all-reduce step: the
+    same weights and losses as one device, over steps with an uneven last batch."""
+
+    DATA = dict(num_examples=21, batch_size=6)  # Batches 6, 6, 6, 3: shards 3+3 ... 2+1.
+
+    def check(self, optimizer, num_devices=2, build=users_model, **options):
+        self.assertMatchesSingleDevice(compiled(build, optimizer),
+                                       testing.tiny_dataset(**self.DATA),
+                                       self.strategy("allreduce", num_devices, **options))
+
+    @parameterized.named_parameters(
+        ("adamw", lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.05)),
+        ("lion", lambda: keras.optimizers.Lion(1e-3, weight_decay=0.1)),
+        ("sgd", lambda: keras.optimizers.SGD(0.1, weight_decay=0.05)),
+        ("adam", lambda: keras.optimizers.Adam(1e-2, weight_decay=0.05)))
+    def test_weight_decay(self, optimizer):
+        self.check(optimizer)
+
+    def test_weight_decay_honours_exclusions(self):
+        def optimizer():
+            adamw = keras.optimizers.AdamW(1e-2, weight_decay=0.5)
+            adamw.exclude_from_weight_decay(var_names=["bias"])
+            return adamw
+        self.check(optimizer)
+
+    @parameterized.named_parameters(
+        ("every_step", lambda: keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5)),
+        ("overwrite_every_2", lambda: keras.optimizers.Adam(
+            1e-2, use_ema=True, ema_momentum=0.7, ema_overwrite_frequency=2)))
+    def test_ema(self, optimizer):
+        self.check(optimizer)
+
+    @parameterized.product(steps=(2, 3), micro_batches=(1, 2))
+    def test_keras_gradient_accumulation(self, steps, micro_batches):
+        # With the strategy's own micro-batches too: they compose (micro-batches within a
+        # batch, one update every `steps` batches).
+        self.check(lambda: keras.optimizers.Adam(1e-2, gradient_accumulation_steps=steps,
+                                                 global_clipnorm=0.1),
+                   accumulation_steps=micro_batches)
+
+    def test_the_users_adamw_with_ema(self):
+        self.check(lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.01, use_ema=True))
+
+    @parameterized.named_parameters(
+        ("clipnorm", lambda: keras.optimizers.SGD(0.1, clipnorm=0.02)),
+        ("clipvalue", lambda: keras.optimizers.SGD(0.1, clipvalue=0.001)),
+        ("loss_scale_factor", lambda: keras.optimizers.SGD(0.1, loss_scale_factor=128.0)))
+    def test_clipping_and_loss_scale_factor(self, optimizer):
+        self.check(optimizer)
+
+    def test_one_device(self):
+        self.check(lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.05, use_ema=True,
+                                                  gradient_accumulation_steps=2),
+                   num_devices=1)
+
+    @parameterized.named_parameters(
+        ("nadam", keras.optimizers.Nadam, "Nadam: .*_backend_update_step"),
+        ("muon", keras.optimizers.Muon, "Muon: .*_apply_weight_decay"))
+    def test_optimizers_that_change_apply_are_refused(self, optimizer, message):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = compiled(users_model, optimizer)()
+        before = model.get_weights()
+        with self.assertRaisesRegex(ConfigError, "The all-reduce step cannot train with "
+                                    + message):
+            model.fit(testing.tiny_dataset(8), verbose=0)
+        self.assertAllClose(before, model.get_weights())
 
 
 class UnevenDataTest(testing.StrategyTestCase):
@@ -295,13 +390,6 @@ class OptionsTest(testing.StrategyTestCase):
         self.assertNotEmpty(steps)
 
     def test_errors(self):
-        strategy = self.strategy("allreduce", 2)
-        with strategy.scope():
-            model = users_model()
-            model.compile(optimizer=keras.optimizers.AdamW(),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        with self.assertRaisesRegex(ConfigError, "does not support optimizer weight_decay"):
-            model.fit(testing.tiny_dataset(), verbose=0)
         with self.assertRaisesRegex(ConfigError, r"one positive weight per replica \(2\)\. "
                                                  r"Received: split_weights=\[1\]"):
             self.strategy("allreduce", 2, split_weights=[1])

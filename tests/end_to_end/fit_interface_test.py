@@ -6,6 +6,7 @@ code on one device.
 """
 
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -111,11 +112,6 @@ class EveryEntryTest(testing.StrategyTestCase):
             m.fit(data, verbose=0)
         self.assertAllClose(reference.predict(even, verbose=0), model.predict(even, verbose=0),
                             rtol=1e-5, atol=1e-6)
-        if strategy_name == "central_storage":
-            with self.assertRaisesRegex(ConfigError, "give wrong loss and metrics under "
-                                                     "'central_storage'"):
-                model.evaluate(even, verbose=0)
-            return
         self.assertAllClose(reference.evaluate(even, verbose=0, return_dict=True),
                             model.evaluate(even, verbose=0, return_dict=True), rtol=1e-5)
 
@@ -140,10 +136,11 @@ class EveryEntryTest(testing.StrategyTestCase):
 
 
 class KerasGradientAccumulationTest(testing.StrategyTestCase):
-    """The optimizer's own gradient_accumulation_steps: exact on one device, refused with the
-    alternative under the mirrored strategies, where TensorFlow cannot run it."""
+    """The optimizer's own gradient_accumulation_steps: exact on one device and under the
+    all-reduce step, refused with the alternative under Keras's step with a mirrored strategy,
+    where TensorFlow cannot run it."""
 
-    MIRRORED = ("mirrored", "central_storage", "allreduce")
+    REFUSED = ("mirrored", "central_storage")
 
     def build(self):
         model = sequential()
@@ -155,11 +152,10 @@ class KerasGradientAccumulationTest(testing.StrategyTestCase):
     def test_refused_under_mirrored_strategies_exact_elsewhere(self, strategy_name, num_devices):
         strategy = self.strategy(strategy_name, num_devices)
         data = dataset("sequential", uneven=False)
-        if strategy_name not in self.MIRRORED:
+        if strategy_name not in self.REFUSED:
             self.assertMatchesSingleDevice(self.build, data, strategy)
             return
-        hint = ("give the strategy accumulation_steps=2 instead" if strategy_name == "allreduce"
-                else "train with the 'allreduce' strategy .* and its accumulation_steps=2")
+        hint = "Train with the 'allreduce' strategy .* whose step applies it exactly"
         with strategy.scope():
             model = self.build()
         before = model.get_weights()
@@ -177,6 +173,124 @@ class KerasGradientAccumulationTest(testing.StrategyTestCase):
             model = self.build()
         with self.assertRaisesRegex(RuntimeError, "merge_call"):
             model.fit(dataset("sequential", uneven=False), verbose=0)
+
+
+class OptimizerUnderKerasStepTest(testing.StrategyTestCase):
+    """What Keras's optimizer cannot apply under a mirrored strategy's Keras step: refused at
+    the first step with the alternative (no weight changed), or, for clipping, said once."""
+
+    def build(self, **optimizer_kwargs):
+        def model_fn():
+            model = sequential()
+            model.compile(optimizer=keras.optimizers.SGD(0.1, **optimizer_kwargs),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+        return model_fn
+
+    def assertRefused(self, strategy_name, message, **optimizer_kwargs):
+        with self.strategy(strategy_name, 2).scope():
+            model = self.build(**optimizer_kwargs)()
+        before = model.get_weights()
+        with self.assertRaisesRegex(ConfigError, message):
+            model.fit(dataset("sequential", uneven=False), verbose=0)
+        for expected, actual in zip(before, model.get_weights()):
+            self.assertAllEqual(expected, actual)
+
+    @testing.for_each_strategy(num_devices=(2,), names=("mirrored", "central_storage"))
+    def test_ema_overwrite_frequency_is_refused(self, strategy_name, num_devices):
+        self.assertRefused(strategy_name, r"ema_overwrite_frequency=2 fails under "
+                           r"tf.distribute's .* 'allreduce' strategy", use_ema=True,
+                           ema_overwrite_frequency=2)
+
+    def test_central_storage_refuses_ema_and_constraints(self):
+        self.assertRefused("central_storage", r"Keras cannot apply use_ema=True under "
+                           r"'central_storage'", use_ema=True)
+        with self.strategy("central_storage", 2).scope():
+            model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(
+                2, kernel_constraint=keras.constraints.NonNeg())])
+            model.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(ConfigError, r"constraints on .*kernel under "
+                                                 r"'central_storage'"):
+            model.fit(FEATURES, TARGETS, verbose=0)
+
+    @testing.for_each_strategy(num_devices=(2,), names=("mirrored", "central_storage"))
+    def test_weight_decay_and_ema_equal_one_device(self, strategy_name, num_devices):
+        ema = strategy_name == "mirrored"
+        self.assertMatchesSingleDevice(self.build(weight_decay=0.05, use_ema=ema),
+                                       dataset("sequential", uneven=False),
+                                       self.strategy(strategy_name, 2))
+
+    def test_clipping_warns_once_on_several_replicas(self):
+        from tfpar.strategies.optimizer_checks import InexactUpdateWarning
+        for name, count, warns in (("mirrored", 2, True), ("mirrored", 1, False),
+                                   ("allreduce", 2, False)):
+            with self.strategy(name, count).scope():
+                model = self.build(clipnorm=1.0)()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model.fit(dataset("sequential", uneven=False), epochs=2, verbose=0)
+            said = [w for w in caught if issubclass(w.category, InexactUpdateWarning)]
+            self.assertLen(said, 1 if warns else 0, msg=f"{name} on {count}")
+            if warns:
+                self.assertRegex(str(said[0].message), "clipnorm=1.0 clips each replica's "
+                                 "gradient before the all-reduce.*'allreduce' strategy")
+
+
+class OwnSteps(keras.Model):
+    """A subclassed model with its own train_step and test_step, as Keras's guides write them."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="tanh")
+        self.out = keras.layers.Dense(3)
+        self.flatten = keras.layers.Flatten()
+
+    def call(self, x):
+        return self.out(self.hidden(self.flatten(x)))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return self.compute_metrics(x, y, y_pred)
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        self.compute_loss(x=x, y=y, y_pred=y_pred)
+        return self.compute_metrics(x, y, y_pred)
+
+
+def own_steps():
+    model = OwnSteps()
+    model(IMAGES[:1])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+class OwnStepsTest(testing.StrategyTestCase):
+    """A model's own train_step and test_step train, log, validate and evaluate as on one
+    device under every in-process entry."""
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_fit_validation_and_evaluate_equal_one_device(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, 2)
+        data = dataset("sequential", uneven=False)
+        self.assertMatchesSingleDevice(own_steps, data, strategy)
+        reference = own_steps()
+        with strategy.scope():
+            model = own_steps()
+        model.set_weights(reference.get_weights())
+        histories = [m.fit(data, validation_data=data, epochs=2, verbose=0).history
+                     for m in (reference, model)]
+        self.assertAllClose(histories[0], histories[1], rtol=1e-5, atol=1e-6)
+        self.assertAllClose(reference.evaluate(data, verbose=0, return_dict=True),
+                            model.evaluate(data, verbose=0, return_dict=True), rtol=1e-5)
 
 
 class AllReduceFitFeaturesTest(testing.StrategyTestCase):

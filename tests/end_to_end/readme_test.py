@@ -35,8 +35,7 @@ class ReadmeTest(tf.test.TestCase, parameterized.TestCase):
         # One process runs the block once per strategy (one-device entries on one device).
         runs = []
         for name, entry in ((n, strategies.entry(n)) for n in strategies.available()):
-            # central_storage refuses evaluate (fit_interface_test shows the error).
-            if entry.multi_process or name == "central_storage":
+            if entry.multi_process:
                 continue
             devices = 1 if entry.max_devices == 1 else 2
             runs.append(code.replace('"mirrored", devices=2', f'"{name}", devices={devices}')

@@ -27,10 +27,15 @@ by the global count *before* the cast: the count is then all-reduced first, on i
 The optimizer must not reduce a second time: Keras 3's TensorFlow optimizer all-reduces
 gradients itself whenever ``apply`` runs in a replica context. The step therefore leaves the
 replica context with ``ReplicaContext.merge_call`` and updates each replica's copy of each
-variable through ``strategy.extended.update`` and the optimizer's public ``update_step``.
-Dynamic loss scaling (``LossScaleOptimizer``, mixed_float16) is done on the reduced gradient.
-Optimizer features applied outside ``update_step`` (weight decay, EMA, gradient accumulation)
-are refused with a clear error rather than silently skipped.
+variable through ``strategy.extended.update`` and the optimizer's public ``update_step``,
+doing around it what Keras's ``Optimizer.apply`` does, in its order: gradient accumulation
+(``gradient_accumulation_steps``: an update every k batches with the mean of their global
+gradients), clipping, weight decay (``exclude_from_weight_decay`` honoured), the update, the
+EMA (``use_ema``, ``ema_momentum``, ``ema_overwrite_frequency``; ``fit`` calls
+``finalize_variable_values`` at its end), constraints, the iteration count. Dynamic loss
+scaling (``LossScaleOptimizer``, mixed_float16) is done on the reduced gradient. An optimizer
+that changes what ``apply`` does around ``update_step`` (a class overriding those methods, as
+``Nadam``, ``Muon`` and ``MultiOptimizer`` do) is refused at the first step with one line.
 
 Everything else is Keras's ``fit``: compiled losses and metrics (any, per output), sample and
 class weights, validation, callbacks, ``steps_per_execution``, ``evaluate`` and ``predict``.
@@ -48,6 +53,7 @@ from keras import tree
 
 from tfpar.allreduce import algorithms
 from tfpar.allreduce.options import StepOptions
+from tfpar.compat import keras_internals
 from tfpar.errors import ConfigError
 
 # The dtypes gradients may travel in (``StepOptions.gradient_compression``).
@@ -80,35 +86,61 @@ def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
     return optimizer
 
 
-def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer]) -> None:
-    """Raises for optimizer features the step's update path does not apply.
+# What Keras's Optimizer.apply does around update_step, by the method that does it: a class
+# that overrides one of them changes the update in a way this step would silently skip.
+_APPLY_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients", "_backend_update_step",
+                  "_apply_weight_decay", "_clip_gradients",
+                  "_update_model_variables_moving_average",
+                  "_overwrite_model_variables_with_average_value",
+                  "_backend_increment_gradient_accumulators")
 
-    A ``LossScaleOptimizer`` (mixed_float16) is supported: its inner optimizer is checked.
+
+def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer],
+                    variables: Sequence[Any] = ()) -> None:
+    """Raises for an optimizer whose update the step cannot reproduce exactly.
+
+    Supported: every Keras optimizer that updates through ``update_step`` (SGD, Adam, AdamW,
+    Lion, RMSprop, ...), with clipping, ``weight_decay``, EMA, ``gradient_accumulation_steps``,
+    ``loss_scale_factor``, and a ``LossScaleOptimizer`` around it.
+
+    Args:
+        optimizer: The model's optimizer.
+        variables: The variables it will update.
 
     Raises:
-        ConfigError: For no optimizer, weight decay or EMA (the strategy refuses the
-            optimizer's gradient accumulation before the step is traced).
+        ConfigError: For no optimizer, an optimizer class that overrides what ``apply`` does
+            around ``update_step`` (naming the method), or a variable updated by overwriting
+            it with its gradient (``overwrite_with_gradient``, float8 training).
     """
     if optimizer is None:
         raise ConfigError("Compile the model with an optimizer and a loss before training it, "
                           "e.g. model.compile(optimizer='sgd', loss=...).")
-    optimizer = _inner(optimizer)
-    unsupported = {
-        "weight_decay": getattr(optimizer, "weight_decay", None),
-        "use_ema": getattr(optimizer, "use_ema", False),
-    }
-    used = [name for name, value in unsupported.items() if value]
-    if used:
-        raise ConfigError(f"The all-reduce step does not support optimizer {', '.join(used)}. "
-                          "Use an optimizer without it, or the 'mirrored' strategy.")
+    inner = _inner(optimizer)
+    overridden = [name for name in _APPLY_METHODS
+                  if getattr(type(inner), name, None) is not getattr(keras.optimizers.Optimizer,
+                                                                     name, None)]
+    if overridden:
+        raise ConfigError(
+            f"The all-reduce step cannot train with {type(inner).__name__}: it changes what "
+            f"Keras does around update_step ({', '.join(overridden)}), which the step would "
+            "skip. Use an optimizer that updates through update_step (SGD, Adam, AdamW, Lion, "
+            "RMSprop, ...), or the 'mirrored' strategy.")
+    overwritten = [v.path for v in variables if getattr(v, "overwrite_with_gradient", False)]
+    if overwritten:
+        raise ConfigError(
+            "The all-reduce step cannot train variables that are overwritten with their "
+            f"gradient (overwrite_with_gradient, float8 training): {', '.join(overwritten)}. "
+            "Use the 'mirrored' strategy.")
 
 
 def _clip(optimizer: keras.optimizers.Optimizer, grads: list) -> list:
-    if optimizer.global_clipnorm:
-        return tf.clip_by_global_norm(grads, optimizer.global_clipnorm)[0]
-    if optimizer.clipnorm:
+    # Keras's precedence (Optimizer._clip_gradients): clipnorm, then global_clipnorm, then
+    # clipvalue; only one applies.
+    if optimizer.clipnorm and optimizer.clipnorm > 0:
         return [tf.clip_by_norm(g, optimizer.clipnorm) for g in grads]
-    if optimizer.clipvalue:
+    if optimizer.global_clipnorm and optimizer.global_clipnorm > 0:
+        return tf.clip_by_global_norm(grads, optimizer.global_clipnorm)[0]
+    if optimizer.clipvalue and optimizer.clipvalue > 0:
         return [tf.clip_by_value(g, -optimizer.clipvalue, optimizer.clipvalue) for g in grads]
     return grads
 
@@ -170,11 +202,14 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     Raises:
         ConfigError: For an optimizer feature the step cannot apply.
     """
-    check_optimizer(model.optimizer)
+    check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     loss_scale = (model.optimizer if isinstance(
         model.optimizer, keras.optimizers.LossScaleOptimizer) else None)
     inner = _inner(model.optimizer)
+    # A fixed loss scale (the optimizer's loss_scale_factor) is applied as Keras's step does:
+    # to the loss before the backward pass, and divided out of the gradient.
+    loss_scale_factor = inner.loss_scale_factor
     context = tf.distribute.get_replica_context()
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
@@ -194,6 +229,8 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
             y_pred = model(x, training=True)
             mean = tf.cast(_local_mean_loss(model, x, y, y_pred, sample_weight), tf.float32)
             objective = mean * count
+            if loss_scale_factor and loss_scale is None:
+                objective = objective * loss_scale_factor
             if loss_scale is not None:
                 # In float16 the backward pass of a loss *sum* overflows where Keras's mean
                 # does not: shrink it to about a mean first (by this replica's share of the
@@ -206,9 +243,8 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         if not present:
             present.extend(i for i, g in enumerate(grads) if g is not None)
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
-        # mean. No public API updates the loss Keras logs; fit reads and resets this tracker
-        # itself (Keras 3.0-3.15), and the per-step loss tests fail without this update.
-        model._loss_tracker.update_state(mean, sample_weight=count)
+        # mean. No public API updates the loss Keras logs (tfpar.compat.keras_internals).
+        keras_internals.loss_tracker(model).update_state(mean, sample_weight=count)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return [grads[i] for i in present]
 
@@ -241,6 +277,8 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         scale = 1.0 / tf.maximum(total, 1.0)
         if loss_scale is not None:
             scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
+        if loss_scale_factor:
+            scale /= loss_scale_factor
         return [g * tf.cast(scale, g.dtype) for g in grads]
 
     sent = scaled(grads, total) if total is not None else grads
@@ -262,7 +300,6 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     # needs it (it is a pass over every gradient).
     finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
               if loss_scale is not None else tf.constant(True))
-    reduced_grads = _clip(inner, reduced_grads)
     _apply(model.optimizer, [variables[i] for i in present], reduced_grads, finite)
     # The logs are the global batch's on every replica (Keras's step logs the mean of the
     # replicas' own results, which is not the global figure when shards differ in size).
@@ -276,39 +313,105 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
 
 def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
            finite: tf.Tensor) -> None:
-    """Updates every replica's variables with its copy of the reduced gradients, once."""
+    """Updates every replica's copy of ``variables`` with its copy of the reduced gradients,
+    as Keras's ``Optimizer.apply`` would on one device (see the module docstring)."""
     inner = _inner(optimizer)
     loss_scale = optimizer if inner is not optimizer else None
+    steps = inner.gradient_accumulation_steps
+    counter = keras_internals.iterations_variable(inner)
+    # Everything that needs all gradients at once (the accumulated mean, global clipping) or
+    # a scalar of the optimizer's is computed here, in the replica context, so every replica
+    # reads its local copies: read in the cross-replica context, every device would wait for
+    # the first device's copy (measured: half the throughput of ResNet-18 on 2 devices).
+    if steps:
+        accumulators = keras_internals.gradient_accumulators(inner, variables)
+        update_grads = _clip(inner, [(g + a.value) / steps for g, a in zip(grads, accumulators)])
+        is_update_step = tf.equal((counter.value + 1) % steps, 0)
+    else:
+        accumulators, update_grads, is_update_step = [], _clip(inner, grads), tf.constant(True)
+    learning_rate = tf.identity(inner.learning_rate)
+    ema = keras_internals.moving_averages(inner) if inner.use_ema else []
+    iterations = tf.identity(inner.iterations)  # Keras's count: of updates, when accumulating.
+    momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
+    overwrite = (tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
+                 if inner.use_ema and inner.ema_overwrite_frequency else tf.constant(False))
+    decayed = ([keras_internals.uses_weight_decay(inner, v) for v in variables]
+               if inner.weight_decay is not None else [False] * len(variables))
 
-    def update(variable, grad, learning_rate, constraint):
-        inner.update_step(grad, variable, learning_rate)
-        if constraint is not None:
-            variable.assign(constraint(variable))
-
-    def apply(strategy, grads, learning_rate, finite):
+    def apply(strategy, grads, update_grads, learning_rate, finite, is_update_step, momentum,
+              overwrite):
         # Cross-replica context: each replica's copy of each variable is updated with that
-        # replica's copy of the (already reduced) gradient, and nothing is reduced again.
-        def update_all():
-            for grad, variable in zip(grads, variables):
-                strategy.extended.update(variable.value, update, group=False,
-                                         args=(grad, learning_rate, variable.constraint))
-            inner.iterations.assign_add(1)
+        # replica's copy of the (already reduced) values, and nothing is reduced again.
+        def on_each(variable, fn, *args):
+            strategy.extended.update(_tf_variable(variable), fn, args=args, group=False)
+
+        def first(value):
+            return strategy.experimental_local_results(value)[0]
+
+        def update_variables():
+            for variable, decay in zip(variables, decayed):
+                if decay:
+                    on_each(variable, _decay, learning_rate, inner.weight_decay)
+            for grad, variable in zip(update_grads, variables):
+                on_each(variable, lambda v, g, lr: inner.update_step(g, v, lr), grad, learning_rate)
+            for accumulator in accumulators:
+                on_each(accumulator, lambda a: a.assign(tf.zeros_like(a)))
+            return tf.constant(True)
+
+        def accumulate():
+            for grad, accumulator in zip(grads, accumulators):
+                on_each(accumulator, lambda a, g: a.assign_add(tf.cast(g, a.dtype)), grad)
+            return tf.constant(True)
+
+        def apply_all():
+            if steps:
+                tf.cond(first(is_update_step), update_variables, accumulate)
+            else:
+                update_variables()
+            for variable, average in ema:
+                on_each(average, _moving_average, _tf_variable(variable), momentum)
+            if ema and inner.ema_overwrite_frequency:
+                tf.cond(first(overwrite), lambda: _overwrite_with(on_each, ema),
+                        lambda: tf.constant(True))
+            for variable in variables:
+                if variable.constraint is not None:
+                    on_each(variable, lambda v, c=variable.constraint: v.assign(c(v)))
+            counter.assign_add(1)
             return tf.constant(True)
 
         if loss_scale is None:
-            update_all()
+            apply_all()
             return
         # Dynamic loss scaling, as LossScaleOptimizer does: skip a step whose gradients
         # overflowed and halve the scale; double it after enough finite steps.
-        tf.cond(strategy.experimental_local_results(finite)[0],
-                lambda: tf.logical_and(update_all(), _grow_scale(loss_scale)),
+        tf.cond(first(finite),
+                lambda: tf.logical_and(apply_all(), _grow_scale(loss_scale)),
                 lambda: _shrink_scale(loss_scale))
 
-    # The learning rate is read here, in the replica context, so every replica's update uses
-    # its local copy: read in the cross-replica context, every device would wait for the
-    # first device's copy (measured: half the throughput of ResNet-18 on 2 devices).
-    learning_rate = tf.identity(inner.learning_rate)
-    tf.distribute.get_replica_context().merge_call(apply, args=(grads, learning_rate, finite))
+    tf.distribute.get_replica_context().merge_call(
+        apply, args=(grads, update_grads, learning_rate, finite, is_update_step, momentum,
+                     overwrite))
+
+
+def _tf_variable(variable):
+    """The ``tf.distribute`` variable behind a Keras variable (its per-replica copies)."""
+    return getattr(variable, "value", variable)
+
+
+def _decay(variable, learning_rate, weight_decay) -> None:
+    variable.assign_sub(variable * tf.cast(weight_decay, variable.dtype)
+                        * tf.cast(learning_rate, variable.dtype))
+
+
+def _moving_average(average, variable, momentum) -> None:
+    momentum = tf.cast(momentum, average.dtype)
+    average.assign(momentum * average + (1 - momentum) * tf.cast(variable, average.dtype))
+
+
+def _overwrite_with(on_each, ema) -> tf.Tensor:
+    for variable, average in ema:
+        on_each(variable, lambda v, a: v.assign(a), _tf_variable(average))
+    return tf.constant(True)
 
 
 def _grow_scale(scaler: keras.optimizers.LossScaleOptimizer) -> tf.Tensor:

@@ -22,7 +22,7 @@ from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
 from tfpar.multiworker.mirrored import RefusesMultiStepExecution
 from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
-from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
+from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
 
 
 def is_keras_step(fn, step: str) -> bool:
@@ -32,12 +32,15 @@ def is_keras_step(fn, step: str) -> bool:
             and getattr(fn, "__func__", None) is getattr(keras.Model, step))
 
 
-class _AllReduceStep(RefusesKerasGradientAccumulation, ReleasesIteratorsInBackground):
+class _AllReduceStep(ChecksKerasOptimizerUpdate, ReleasesIteratorsInBackground):
     """Mixin for a ``tf.distribute`` strategy: ``model.fit`` runs :func:`train_step` (its
     input iterators freed in the background)."""
 
     step_options: StepOptions
-    accumulation_option_hint = "give the strategy accumulation_steps={steps} instead"
+    # Keras's own train_step runs the all-reduce step, which applies every optimizer feature
+    # exactly; a model's own train_step calls the optimizer, which cannot under tf.distribute.
+    alternative = ("A model's own train_step cannot use it here; Keras's train_step can (this "
+                   "strategy's step applies it exactly).")
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """``Strategy.run``; Keras's own ``train_step`` is replaced by the all-reduce step.
@@ -49,7 +52,6 @@ class _AllReduceStep(RefusesKerasGradientAccumulation, ReleasesIteratorsInBackgr
         """
         if not is_keras_step(fn, "train_step"):
             return super().run(fn, args=args, kwargs=kwargs, options=options)  # Checks it.
-        self.check_train_step(fn)  # Here: the step that replaces Keras's has no model to check.
         logs = super().run(functools.partial(train_step, fn.__self__, self.step_options),
                            args=args, kwargs=kwargs, options=options)
         logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)

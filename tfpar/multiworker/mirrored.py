@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfpar.multiworker.strategy import check_steps_per_execution
 from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
-from tfpar.strategies.keras_accumulation import RefusesKerasGradientAccumulation
+from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
 
 
 class RefusesMultiStepExecution:
@@ -30,7 +30,7 @@ class RefusesMultiStepExecution:
         return super().run(fn, args=args, kwargs=kwargs, options=options)
 
 
-class MultiWorkerStrategy(RefusesMultiStepExecution, RefusesKerasGradientAccumulation,
+class MultiWorkerStrategy(RefusesMultiStepExecution, ChecksKerasOptimizerUpdate,
                           ReleasesIteratorsInBackground, tf.distribute.MultiWorkerMirroredStrategy):
     """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run and
     frees its input iterators in the background."""

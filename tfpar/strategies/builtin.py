@@ -49,7 +49,7 @@ def _mirrored(devices: devices_lib.DeviceSet, cross_device_ops: str = "auto"
 
 # Keras 3's loss tracker updates its variables wrongly under this strategy: the running loss
 # it logs is wrong after the first step (the weights train exactly; tested).
-@register("central_storage", logs_exact_loss=False)
+@register("central_storage")
 def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """CentralStorageStrategy: variables on one device (the CPU for GPU sets), compute mirrored."""
     from tfpar.strategies.central_storage import CentralStorageStrategy

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from tfpar import env
+from tfpar.compat import versions
 
 # (major, minor) TensorFlow versions it applies to, inclusive: those tfpar supports (setup.cfg),
 # whose tf.distribute datasets are plain Python classes; measured on 2.21. Others keep
@@ -49,7 +49,7 @@ _EXIT_TIMEOUT_SECONDS = 60.0
 
 
 def _tensorflow_version() -> tuple[int, int]:
-    return env.major_minor(tf.__version__)
+    return versions.major_minor(tf.__version__)
 
 
 def _skip_reason() -> Optional[str]:

@@ -1,0 +1,59 @@
+"""Version gates: which Keras releases tfpar's Keras workarounds were verified against.
+
+No TensorFlow or Keras import at module level: :mod:`tfpar.env` reads this to report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+# (major, minor) versions of Keras the workarounds that touch Keras internals were verified
+# against, inclusive: the code they rely on is unchanged from 3.0 to 3.15 (read in their
+# sources); the suite ran on 3.15.1. setup.cfg caps Keras at the same release.
+VERIFIED_KERAS = ((3, 0), (3, 15))
+# "force": use the workarounds on any Keras (to check a new release, see DEVELOPERS.md);
+# "off": never. Unset: only on VERIFIED_KERAS.
+KERAS_MODE_ENV = "TFPAR_KERAS_FIXES"
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    """Returns ``(major, minor)`` of a version string such as ``"2.21.0"`` or ``"3.16rc0"``.
+
+    Args:
+        version: A release or prerelease version string.
+
+    Returns:
+        The major and minor numbers (a prerelease is read by its minor's leading digits).
+    """
+    major, minor = version.split(".")[:2]
+    digits = len(minor) - len(minor.lstrip("0123456789"))
+    return int(major), int(minor[:digits] or 0)
+
+
+def keras_range_text() -> str:
+    """The verified Keras range as text, e.g. ``"3.0 to 3.15"``."""
+    (low, high) = VERIFIED_KERAS
+    return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+
+
+def keras_skip_reason(keras_version: str) -> Optional[str]:
+    """Why Keras workarounds are not used on ``keras_version`` (``None``: they are).
+
+    Args:
+        keras_version: ``keras.version()``.
+
+    Returns:
+        ``None`` inside the verified range or with ``TFPAR_KERAS_FIXES=force``; otherwise the
+        reason, in words for a log line or an error.
+    """
+    mode = os.environ.get(KERAS_MODE_ENV, "")
+    if mode == "off":
+        return f"{KERAS_MODE_ENV}=off"
+    if mode == "force":
+        return None
+    (low, high) = VERIFIED_KERAS
+    if not low <= major_minor(keras_version) <= high:
+        return (f"Keras {keras_version} is outside the versions they were verified against "
+                f"({keras_range_text()}); set {KERAS_MODE_ENV}=force to try them")
+    return None
