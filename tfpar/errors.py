@@ -74,3 +74,9 @@ class NonFiniteLossError(TfparError):
     def __init__(self, message: str, results: list, *, argument: Optional[str] = None):
         super().__init__(message, argument=argument)
         self.results = results
+
+
+class InexactUpdateWarning(UserWarning):
+    """Training runs, but its update is not the one a single device computes (e.g. gradient
+    clipping under Keras's step with several replicas); the message names the exact
+    alternative."""

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfpar import testing
 from tfpar.errors import ConfigError
+from tfpar.errors import InexactUpdateWarning
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.random((11, 6, 6, 1), dtype=np.float32)
@@ -221,7 +222,6 @@ class OptimizerUnderKerasStepTest(testing.StrategyTestCase):
                                        self.strategy(strategy_name, 2))
 
     def test_clipping_warns_once_on_several_replicas(self):
-        from tfpar.strategies.optimizer_checks import InexactUpdateWarning
         for name, count, warns in (("mirrored", 2, True), ("mirrored", 1, False),
                                    ("allreduce", 2, False)):
             with self.strategy(name, count).scope():

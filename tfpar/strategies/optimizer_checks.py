@@ -29,6 +29,7 @@ from typing import Any
 import keras
 
 from tfpar.errors import ConfigError
+from tfpar.errors import InexactUpdateWarning
 
 
 def _inner_optimizer(model: keras.Model) -> Any:
@@ -42,10 +43,6 @@ def keras_accumulation_steps(model: keras.Model) -> int:
     """Returns the ``gradient_accumulation_steps`` of ``model``'s optimizer (the inner one of
     a ``LossScaleOptimizer``), or 0 when it does not accumulate."""
     return getattr(_inner_optimizer(model), "gradient_accumulation_steps", None) or 0
-
-
-class InexactUpdateWarning(UserWarning):
-    """Training runs, but does not compute what it computes on one device."""
 
 
 class ChecksKerasOptimizerUpdate:
