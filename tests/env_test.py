@@ -57,6 +57,18 @@ class EnvTest(tf.test.TestCase):
 
 class VersionTest(tf.test.TestCase):
 
+    def test_the_command_prints_no_tensorflow_start_up_lines_unless_asked(self):
+        command = [sys.executable, "-m", "tfpar.env"]
+        environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        quiet = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                               env=environment)
+        self.assertEqual(quiet.returncode, 0, quiet.stderr)
+        self.assertEqual(quiet.stderr, "")
+        self.assertIn("versions:", quiet.stdout)
+        shown = subprocess.run(command + ["--show_tensorflow_log"], capture_output=True,
+                               text=True, timeout=120, env=environment)
+        self.assertNotEqual(shown.stderr, "")  # TensorFlow's own start-up lines.
+
     def test_major_minor_of_releases_and_prereleases(self):
         self.assertEqual(env.major_minor("2.21.0"), (2, 21))
         self.assertEqual(env.major_minor("3.15.1"), (3, 15))

@@ -157,6 +157,24 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("Error: Unknown strategy 'mirroed'. Available strategies:", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    def test_a_file_where_a_runs_folder_goes_is_named_before_training(self):
+        model_dir = self.create_tempdir().full_path
+        open(os.path.join(model_dir, "mirrored_2_devices"), "w").close()
+        result = train("--dataset=digits", "--epochs=1", "--num_devices=1,2",
+                       f"--model_dir={model_dir}")
+        self.assertEqual(result.returncode, 2, result.stderr[-2000:])
+        self.assertIn(f"Error: model_dir '{model_dir}/mirrored_2_devices' is a file; give a "
+                      "folder", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("test acc", result.stdout)  # Nothing trained, not even on 1 device.
+
+    def test_positional_arguments_exit_2_with_one_line(self):
+        result = train("extra")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("Error: Unexpected arguments: extra. The program takes flags only",
+                      result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
     def test_bad_flag_value_is_rejected_by_absl(self):
         result = train("--lr=fast")
         self.assertEqual(result.returncode, 2)  # The same status as tfpar's own checks.

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from tfpar import data
 from tfpar import testing
 from tfpar import training
 from tfpar.errors import NonFiniteLossError
+from tfpar.multiworker import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
@@ -95,6 +97,49 @@ class InterruptTest(tf.test.TestCase):
             self.assertEqual(json.load(f), {"previous": "complete"})
         self.assertEqual([n for n in os.listdir(base) if n.endswith(".tmp")], [])
         self.assertIsNotNone(tf.train.latest_checkpoint(state))
+
+
+class UnreachablePeerTest(tf.test.TestCase):
+    """A worker whose peer's port completes TCP's handshake but never answers (a firewall, a
+    proxy, a dead machine behind one): the wait is reported, bounded, and ends on SIGTERM."""
+
+    def start_worker(self, *flags):
+        silent = socket.socket()
+        self.addCleanup(silent.close)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        peer = f"127.0.0.1:{silent.getsockname()[1]}"
+        own = f"127.0.0.1:{launcher.free_ports(1)[0]}"
+        tf_config = {"cluster": {"worker": [peer, own]}, "task": {"type": "worker", "index": 1}}
+        job = subprocess.Popen(
+            [sys.executable, TRAIN, "--dataset=digits", "--epochs=1", "--strategy=multi_worker",
+             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)})
+        self.addCleanup(job.kill)
+        return job, peer
+
+    def test_the_wait_is_reported_and_bounded_by_the_cluster_timeout(self):
+        job, peer = self.start_worker("--cluster_timeout=7")
+        _, stderr = job.communicate(timeout=120)
+        self.assertEqual(job.returncode, 2, stderr[-2000:])
+        self.assertIn(f"Waiting for worker 0 ({peer}) since", stderr)
+        self.assertIn(f"Error: Worker 0 ({peer}) did not come up within 7 s.", stderr)
+        self.assertNotIn("Traceback", stderr)
+
+    def test_sigterm_ends_the_wait(self):
+        job, peer = self.start_worker("--cluster_timeout=300")
+        lines = []
+        while not any("Waiting for worker 0" in line for line in lines):
+            line = job.stderr.readline()
+            self.assertTrue(line, "".join(lines)[-2000:])  # It must not end by itself.
+            lines.append(line)
+        start = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 130, stderr[-2000:])
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertIn("Interrupted.", stderr)
+        self.assertNotIn("Traceback", stderr)
 
 
 if __name__ == "__main__":

@@ -80,12 +80,43 @@ class WaitForPeersTest(tf.test.TestCase):
                                       r"\d\d:\d\d:\d\d \(\d+ s; giving up after 1\.5 s\)\.$")
 
     def test_returns_once_the_peer_is_up(self):
-        own = self._free_port()
-        with socket.socket() as peer:
-            peer.bind(("127.0.0.1", 0))
-            peer.listen()
-            cluster.wait_for_peers(self._resolver(own, peer.getsockname()[1]), timeout=5,
-                                   report=self.fail)
+        # Both tasks wait for each other, as two workers do; then the peer starts its
+        # TensorFlow server on its port, which answers from then on.
+        own, peer = launcher.free_ports(2)
+
+        def other_worker():
+            cluster.wait_for_peers(
+                cluster.resolver("flags", [f"127.0.0.1:{own}", f"127.0.0.1:{peer}"], 1), 10)
+            self.servers.append(tf.distribute.Server(
+                tf.train.ClusterSpec({"worker": [f"localhost:{peer}"]}), "worker", 0))
+
+        self.servers = []
+        other = threading.Thread(target=other_worker)
+        other.start()
+        cluster.wait_for_peers(self._resolver(own, peer), timeout=10, report=self.fail)
+        other.join(10)
+        self.assertFalse(other.is_alive())
+
+    def test_a_peer_whose_server_runs_already_counts_as_up(self):
+        port = self._free_port()
+        self.server = tf.distribute.Server(
+            tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), "worker", 0)
+        cluster.wait_for_peers(self._resolver(self._free_port(), port), timeout=10,
+                               report=self.fail)
+
+    def test_a_port_that_connects_but_never_answers_is_waited_for(self):
+        # What a firewall, a proxy or a dead machine behind one looks like: TCP's handshake
+        # completes (the kernel's backlog) but nothing ever answers.
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+            port = silent.getsockname()[1]
+            messages = []
+            with self.assertRaisesRegex(ClusterError, rf"^Worker 1 \(127\.0\.0\.1:{port}\) "
+                                                      r"did not come up within 3 s"):
+                cluster.wait_for_peers(self._resolver(self._free_port(), port), timeout=3,
+                                       report=messages.append, report_every=1)
+        self.assertRegex(messages[0], rf"^Waiting for worker 1 \(127\.0\.0\.1:{port}\)")
 
     def test_a_taken_port_is_named(self):
         with socket.socket() as taken:

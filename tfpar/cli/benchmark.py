@@ -8,7 +8,6 @@ Example::
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
 
 from tfpar import atomic_io
@@ -71,8 +70,7 @@ flags.DEFINE_string("plot", None, "Draw images/s and efficiency to this PNG file
 
 def main(argv: list[str]) -> None:
     """Runs the benchmark and prints the table."""
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # run_main refuses positional arguments.
     unknown = [name for name in FLAGS.models if name not in models.available()]
     if unknown:
         raise ConfigError(f"Unknown model(s) {', '.join(unknown)}. Available models: "

@@ -117,7 +117,7 @@ def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:
 
 def run_main(main: Callable[[list[str]], Any], flags_module: str,
              help_groups: Optional[dict[str, tuple[str, ...]]] = None,
-             aliases: Optional[dict[str, str]] = None) -> None:
+             aliases: Optional[dict[str, str]] = None, positional: bool = False) -> None:
     """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
@@ -126,7 +126,7 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     TensorFlow is imported (the programs import it in ``main``), so ``--help`` and flag errors
     answer at once; ``--help`` exits with status 0 (grouped as ``help_groups`` says, if given).
     Library errors name the flags of their arguments (``aliases``: arguments whose flag has
-    another name).
+    another name). Positional arguments are refused (exit 2) unless ``positional``.
     """
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
@@ -136,7 +136,10 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
             sys.exit(0)
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     try:  # absl would exit 1 with a FATAL line; every bad input exits 2 with one line.
-        flags.FLAGS(sys.argv)
+        extra = flags.FLAGS(sys.argv)[1:]
+        if extra and not positional:
+            raise flags.Error(f"Unexpected arguments: {' '.join(extra)}. The program takes "
+                              "flags only (--name=value)")
     except flags.Error as e:
         message = str(e).strip()
         end = " " if message.endswith(("?", ".")) else ". "

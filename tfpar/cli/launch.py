@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console-script entry point."""
-    common.run_main(main, __name__)
+    common.run_main(main, __name__, positional=True)  # The command after '--'.
 
 
 if __name__ == "__main__":

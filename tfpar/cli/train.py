@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 
-from absl import app
 from absl import flags
 
 from tfpar import atomic_io
@@ -176,8 +175,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
 
 def main(argv: list[str]) -> None:
     """Trains on each device set, printing the seeds' line per set and a final table."""
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # run_main refuses positional arguments.
     if FLAGS.list_strategies:
         print(common.strategy_listing())
         return

@@ -169,10 +169,21 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _accepts_connections(address: str) -> bool:
+# What a waiting task's port answers with: any first bytes tell a peer it is up. Once the task
+# has started TensorFlow's server, that server answers instead (gRPC's HTTP/2 SETTINGS frame,
+# sent as soon as a connection opens).
+_GREETING = b"tfpar worker waiting for its peers\n"
+_CONNECT_SECONDS = 0.5
+_ANSWER_SECONDS = 1.0
+
+
+def _answers(address: str) -> bool:
+    """Whether a task listens at ``address`` and answers: a connection alone is not enough,
+    since a firewall, a proxy or a program that never accepts can complete the handshake."""
     try:
-        with socket.create_connection(_split(address), timeout=0.5):
-            return True
+        with socket.create_connection(_split(address), timeout=_CONNECT_SECONDS) as probe:
+            probe.settimeout(_ANSWER_SECONDS)
+            return bool(probe.recv(1))
     except OSError:
         return False
 
@@ -225,11 +236,12 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
         while True:
             try:
                 while True:  # Answer the peers' probes.
-                    listener.accept()[0].close()
+                    with listener.accept()[0] as peer:
+                        peer.send(_GREETING)
             except (BlockingIOError, InterruptedError):
                 pass
             for task, address in list(missing.items()):
-                if _accepts_connections(address):
+                if _answers(address):
                     del missing[task]
             if not missing:
                 return

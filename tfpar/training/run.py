@@ -141,7 +141,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     profile_dir = config.profile_dir
     if config.logdir and cluster.is_chief(strategy):
         chosen = strategies.selection(strategy)
-        run_dir = os.path.join(config.logdir, f"{chosen.name}_{len(chosen.devices)}_devices")
+        run_dir = run_folder(config.logdir, chosen.name, len(chosen.devices))
         callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
         with tf.summary.create_file_writer(os.path.join(run_dir, "tfpar")).as_default():
             tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
@@ -204,10 +204,15 @@ def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps
     return keras.optimizers.SGD(rate, momentum=config.momentum)
 
 
+def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
+    """The folder of one device set's run under ``root`` (``model_dir`` or ``logdir``)."""
+    return os.path.join(root, f"{strategy_name}_{num_devices}_devices")
+
+
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy
                       ) -> EpochCheckpoint:
     chosen = strategies.selection(strategy)
-    directory = os.path.join(config.model_dir, f"{chosen.name}_{len(chosen.devices)}_devices")
+    directory = run_folder(config.model_dir, chosen.name, len(chosen.devices))
     made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                  "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
     checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
@@ -249,6 +254,11 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
         if folder:  # Checked before any work, not when the first epoch ends.
             atomic_io.check_writable_dir(folder, what)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
+    for root, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir")):
+        for device_set in resolved if root else ():
+            # The folder of each device set's run, which fit would fail to write into later.
+            atomic_io.check_writable_dir(run_folder(root, config.strategy, len(device_set)),
+                                         what)
     multi_worker_strategy = None
     if strategies.entry(config.strategy).multi_process:
         # Collective ops across processes must be set up before TensorFlow runs any op.
