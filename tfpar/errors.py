@@ -63,6 +63,12 @@ class PortTakenError(ClusterError):
     exit_status = 75  # EX_TEMPFAIL: trying again (with other ports) may succeed.
 
 
+class PeerLostError(ClusterError):
+    """A worker of a multi-worker job stopped answering during training."""
+
+    exit_status = 69  # EX_UNAVAILABLE: the job can be resumed once every worker runs again.
+
+
 class NonFiniteLossError(TfparError):
     """Training stopped because the loss became NaN or infinite.
 

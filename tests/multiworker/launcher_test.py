@@ -1,5 +1,6 @@
 """Tests of the local launcher: TF_CONFIG per worker, failures, private network, signals."""
 
+import contextlib
 import io
 import json
 import os
@@ -172,6 +173,41 @@ class LauncherTest(tf.test.TestCase):
         checkpoint = re.search(r"\[worker 0\] Resuming from .*ckpt-(\d+)", resumed.stdout)
         self.assertIsNotNone(checkpoint, resumed.stdout[-3000:])
         self.assertIn(int(checkpoint.group(1)), (saved, saved + 1))
+
+    def test_a_hung_worker_ends_the_job_with_one_line_naming_it(self):
+        # SIGSTOP: the process lives but stops answering (a hung machine). TensorFlow's
+        # coordination service misses its heartbeats (about 10 s) and aborts the collectives.
+        model_dir = os.path.join(self.get_temp_dir(), "state")
+        process = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
+             "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+             "--strategy=multi_worker", "--dataset=digits", "--batch_size=256",
+             f"--model_dir={model_dir}", "--verbose=2", "--epochs=1000"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        stopped = []
+        try:
+            for line in process.stdout:
+                if "Saved training state after epoch 1 " in line:
+                    break
+            workers = [int(p) for p in subprocess.run(
+                ["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()]
+            os.kill(max(workers), signal.SIGSTOP)
+            stopped.append(max(workers))
+            start = time.monotonic()
+            rest = process.communicate(timeout=120)[0]
+        finally:
+            for pid in stopped:  # If the launcher has not ended it already.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            process.kill()
+        self.assertEqual(process.returncode, 69, rest[-3000:])
+        self.assertLess(time.monotonic() - start, 60)
+        self.assertRegex(rest, r"\[worker 0\] Error: Worker 1 stopped answering, so TensorFlow "
+                               r"aborted the job's collectives\. Check that every worker's process"
+                               r" .* Epoch \d+ is the last saved in .*multi_worker_1_devices: run "
+                               r"the same command on every worker to resume from it\.")
+        self.assertNotIn("Traceback", rest)
 
     def test_the_script_answers_bad_input_with_one_line(self):
         for command, message in ((["--", "/nonexistent"], "Error: Cannot run '/nonexistent'"),

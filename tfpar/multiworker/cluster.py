@@ -149,6 +149,15 @@ def resolver(source: str = "auto", worker_hosts: Optional[Sequence[str]] = None,
     return tf.distribute.cluster_resolver.SlurmClusterResolver()
 
 
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """Returns whether ``strategy`` trains across several worker processes."""
+    cluster_resolver = getattr(strategy, "cluster_resolver", None)
+    if cluster_resolver is None:
+        return False
+    spec = cluster_resolver.cluster_spec()
+    return sum(spec.num_tasks(job) for job in spec.jobs) > 1
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Returns whether this process is the chief (the one that writes results and files).
 

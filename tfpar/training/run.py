@@ -31,7 +31,9 @@ from tfpar.data import loading
 from tfpar.data import pipelines
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
+from tfpar.errors import PeerLostError
 from tfpar.multiworker import cluster
+from tfpar.multiworker import failures
 from tfpar.multiworker import strategy as multiworker_strategy
 from tfpar.training.building import build_compiled_model
 from tfpar.training.building import check_compile_options
@@ -133,7 +135,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
     test = pipelines.pipeline(splits.test, batch_size)
     callbacks.append(evaluation.TestAccuracy(test, strategy))
-    initial_epoch = 0
+    initial_epoch, checkpoint = 0, None
     if config.model_dir:
         checkpoint = _epoch_checkpoint(config, model, strategy)
         initial_epoch = checkpoint.restore() if config.resume else 0
@@ -170,7 +172,14 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                                                   seed=config.seed)
         callbacks.insert(0, keras.callbacks.LambdaCallback(
             on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
-    history = model.fit(train, **fit_args)
+    try:
+        history = model.fit(train, **fit_args)
+    except tf.errors.OpError as e:
+        tasks = failures.lost_peers(e.message) if cluster.is_multi_worker(strategy) else None
+        if tasks is None:
+            raise
+        raise PeerLostError(failures.peer_lost_message(tasks, _resume_point(config, checkpoint))
+                            ) from None
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
         strategy=name, devices=replica_devices(strategy, device_set),
@@ -202,6 +211,17 @@ def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps
     if config.optimizer == "adam":
         return keras.optimizers.Adam(rate)
     return keras.optimizers.SGD(rate, momentum=config.momentum)
+
+
+def _resume_point(config: TrainConfig, checkpoint: Optional[EpochCheckpoint]) -> str:
+    """Where a stopped run can resume from, in words."""
+    if checkpoint is None:
+        return "Nothing was saved (no model_dir); give one to resume a stopped job."
+    done = int(checkpoint.epochs_done.numpy())
+    if not done:
+        return f"No epoch had finished; {checkpoint.directory} holds nothing to resume from."
+    return (f"Epoch {done} is the last saved in {checkpoint.directory}: run the same command "
+            "on every worker to resume from it.")
 
 
 def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
