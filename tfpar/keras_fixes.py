@@ -31,7 +31,7 @@ or how its variables add, so the fixes wrap these private attributes of
 replicas; several workers) and calls Keras's own code everywhere else.
 
 They are applied only on the Keras versions they were verified against
-(:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar env``
+(:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
 says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
 DEVELOPERS.md), ``=off`` never. :func:`tfpar.strategies.get` installs them when it builds a
 strategy of more than one replica.
@@ -141,7 +141,7 @@ class Fix:
     """One fix: which attribute of which object it wraps, and how.
 
     Attributes:
-        name: Short name (``tfpar env`` shows it).
+        name: Short name (``tfpar-env`` shows it).
         description: What it fixes, in one line.
         owner: Returns the object whose attribute is wrapped.
         attribute: The attribute.
@@ -222,7 +222,7 @@ def installed() -> bool:
 
 
 def status() -> dict[str, Any]:
-    """What ``tfpar env`` reports: Keras's version, the verified range, whether the fixes
+    """What ``tfpar-env`` reports: Keras's version, the verified range, whether the fixes
     apply, each fix."""
     reason = skip_reason()
     return {"keras": keras.version(),

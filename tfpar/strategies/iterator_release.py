@@ -125,7 +125,7 @@ _releaser = _Releaser()
 
 
 def status() -> dict[str, str]:
-    """What ``tfpar env`` reports: whether input iterators are freed in the background here."""
+    """What ``tfpar-env`` reports: whether input iterators are freed in the background here."""
     reason = _skip_reason()
     return {"applied": f"no: {reason}" if reason else "yes, by the strategies tfpar builds",
             "what": "tf.data iterators freed off the training thread, so fit calls and "

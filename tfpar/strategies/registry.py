@@ -1,6 +1,6 @@
 """The strategy registry: names such as ``mirrored`` resolve to a ready ``tf.distribute`` strategy.
 
-No TensorFlow at import: listing the entries (``--list_strategies``, ``--help``, ``tfpar env``)
+No TensorFlow at import: listing the entries (``--list_strategies``, ``--help``, ``tfpar-env``)
 and checking a name or an option answer at once; :func:`get` imports it.
 
 An entry pairs a factory ``factory(devices, **options) -> tf.distribute.Strategy`` with what
