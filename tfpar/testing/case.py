@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterable, Optional
 
 import keras
@@ -117,7 +118,8 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
                                   *, train: Optional[reference_runs.TrainFn] = None,
-                                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
+                                  rtol: float = 1e-5, atol: float = 1e-6,
+                                  strategy_name: Optional[str] = None) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
         ``model_fn`` is called twice: outside any strategy (the reference) and under
@@ -136,10 +138,21 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                 whose logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
             rtol: Relative tolerance.
             atol: Absolute tolerance.
+            strategy_name: Deprecated since 0.2.0, removed in 0.3.0: the registry entry is
+                read from ``strategy`` itself (``strategy.tfpar``). For a strategy not made by
+                ``tfpar.strategies.get``, the entry it names still decides whether losses are
+                compared.
         """
+        if strategy_name is not None:
+            warnings.warn("assertMatchesSingleDevice(strategy_name=...) is deprecated and will "
+                          "be removed in tfpar 0.3.0: pass the strategy from "
+                          "tfpar.strategies.get(name, ...), which carries its entry.",
+                          DeprecationWarning, stacklevel=2)
         train = train or reference_runs.fit_steps
         chosen = getattr(strategy, "tfpar", None)
-        compare_losses = chosen is None or chosen.entry.logs_exact_loss
+        entry = chosen.entry if chosen else (strategies.entry(strategy_name) if strategy_name
+                                             else None)
+        compare_losses = entry is None or entry.logs_exact_loss
         reference = model_fn()
         initial = reference.get_weights()
         with strategy.scope():
