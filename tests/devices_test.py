@@ -99,7 +99,7 @@ class ThreadsTest(tf.test.TestCase):
                 devices.ensure_logical_cpus(2, bad)
 
     def test_fewer_inter_op_threads_than_devices_are_kept_with_a_warning(self):
-        # One inter-op thread for 2 devices halves every step (README, issue #16).
+        # One inter-op thread for 2 devices halves every step (measured; README).
         for inter_op, warned in ((1, True), (2, False)):
             code = ("import tensorflow as tf\n"
                     f"tf.config.threading.set_inter_op_parallelism_threads({inter_op})\n"

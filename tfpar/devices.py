@@ -147,7 +147,7 @@ def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) ->
         if threads_per_device is None and not user_set_threads:
             threads_per_device = max(1, (os.cpu_count() or 1) // count)
         elif threads_per_device is None and 0 < user_inter_op < count:
-            # Measured (README, issue #16): 2 devices with 1 inter-op thread ran at 0.52-0.59
+            # Measured (README, thread layout): 2 devices with 1 inter-op thread ran at 0.52-0.59
             # of 2 threads' speed, every round: the replicas' steps no longer overlap.
             logging.warning(
                 "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "

@@ -14,7 +14,7 @@ class ScriptTest(tf.test.TestCase):
 
     def test_a_run_names_the_cpu_its_figures_come_from(self):
         # The same configuration runs at different speeds on CPUs with and without AVX-512
-        # (issue #16): the report says which kind measured it.
+        # (measured by kernel kind): the report says which kind measured it.
         result = subprocess.run(
             [sys.executable, SCRIPT, "--models=lenet", "--strategies=default",
              "--num_devices=1", "--batch_size=8", "--steps=2", "--rounds=1",
