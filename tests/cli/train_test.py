@@ -80,6 +80,11 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          ["--strategy=multi_worker_allreduce", "--steps_per_execution=3"],
          r"--steps_per_execution > 1 does not run across workers .* Use "
          r"--steps_per_execution=1 with multi-worker strategies"),
+        ("heartbeat_timeout_zero", ["--strategy=multi_worker", "--heartbeat_timeout=0"],
+         r"--heartbeat_timeout must be a positive number of seconds\. Received: "
+         r"--heartbeat_timeout=0"),
+        ("heartbeat_timeout_for_one_process", ["--heartbeat_timeout=5"],
+         r"--heartbeat_timeout does not apply to strategy 'mirrored'"),
         ("sync_batchnorm_without_batchnorm", ["--model=lenet", "--sync_batchnorm"],
          r"--sync_batchnorm needs a model with BatchNorm layers; --model=lenet has none"),
     )

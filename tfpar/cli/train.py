@@ -101,6 +101,10 @@ flags.DEFINE_integer("task_index", None,
 flags.DEFINE_float("cluster_timeout", cluster.DEFAULT_TIMEOUT_SECONDS,
                    "'multi_worker*': seconds a worker waits for its peers to come up (it says "
                    "which it is waiting for every few seconds) before giving up.")
+flags.DEFINE_float("heartbeat_timeout", None,
+                   "'multi_worker*': seconds without a heartbeat after which a worker counts as "
+                   "lost and the job stops with one line naming it (default: TensorFlow's, "
+                   "10 s).")
 flags.DEFINE_string("model_dir", None,
                     "Save training state here after every epoch (one sub-folder per device "
                     "set), to resume after a crash or kill.")
@@ -128,7 +132,8 @@ HELP_GROUPS = {
                                                       "gradient_compression",
                                                       "accumulation_steps", "split_weights"),
     "Several workers (multi_worker*)": ("implementation", "cluster", "worker_hosts",
-                                        "task_index", "cluster_timeout"),
+                                        "task_index", "cluster_timeout",
+                                        "heartbeat_timeout"),
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
     "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
                                 "model_dir", "resume", "verbose"),
@@ -169,6 +174,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
         "implementation": FLAGS.implementation, "cluster": FLAGS.cluster,
         "worker_hosts": tuple(FLAGS.worker_hosts) if FLAGS.worker_hosts else None,
         "task_index": FLAGS.task_index, "cluster_timeout": FLAGS.cluster_timeout,
+        "heartbeat_timeout": FLAGS.heartbeat_timeout,
     }, flag_names=OPTION_FLAGS)
     return dataclasses.replace(config, strategy_options=options), device_sets
 

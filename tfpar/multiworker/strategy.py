@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from tfpar.allreduce.options import check_bytes_per_pack
+from tfpar.compat import coordination
 from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
 from tfpar.multiworker import cluster as cluster_lib
@@ -63,7 +64,8 @@ def _leave_a_thread_for_collectives() -> None:
 
 def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: str,
          cluster: str, worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int],
-         cluster_timeout: float, bytes_per_pack: int = 0, **extra) -> tf.distribute.Strategy:
+         cluster_timeout: float, bytes_per_pack: int = 0,
+         heartbeat_timeout: Optional[float] = None, **extra) -> tf.distribute.Strategy:
     """Checks the options, waits for the cluster, builds the strategy.
 
     Args:
@@ -75,6 +77,9 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
         task_index: This worker's index in ``worker_hosts``.
         cluster_timeout: Seconds to wait for the peers.
         bytes_per_pack: Gradient bucket size of TensorFlow's all-reduce.
+        heartbeat_timeout: Seconds without a heartbeat after which a worker is declared lost
+            and the job stops (``None``: TensorFlow's default, 10 s; see
+            :mod:`tfpar.compat.coordination`).
         **extra: More arguments of ``strategy_class``.
 
     Returns:
@@ -100,6 +105,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
                                                  and cluster_timeout > 0):
         raise ConfigError(f"cluster_timeout must be a positive number of seconds. Received: "
                           f"{cluster_timeout!r}.")
+    coordination.check_heartbeat_timeout(heartbeat_timeout)
     resolver = cluster_lib.resolver(cluster, worker_hosts, task_index)
     _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
@@ -111,6 +117,8 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack,
                                                               implementation=kind)
+    if resolver is not None and resolver.cluster_spec().jobs:
+        coordination.configure_heartbeat_timeout(resolver.cluster_spec(), heartbeat_timeout)
     return cluster_lib.connect(
         lambda: strategy_class(cluster_resolver=resolver, communication_options=options, **extra),
         resolver, cluster_timeout)

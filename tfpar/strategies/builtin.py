@@ -89,7 +89,8 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
                   cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
                   task_index: Optional[int] = None,
                   cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                  bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> tf.distribute.Strategy:
+                  bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
+                  heartbeat_timeout: Optional[float] = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
     from tfpar.multiworker import strategy
     from tfpar.multiworker.mirrored import MultiWorkerStrategy
@@ -98,7 +99,7 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
     # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
     return strategy.make(MultiWorkerStrategy, devices, implementation,
                          cluster, worker_hosts, task_index, cluster_timeout,
-                         bytes_per_pack=bytes_per_pack)
+                         bytes_per_pack=bytes_per_pack, heartbeat_timeout=heartbeat_timeout)
 
 
 @register("multi_worker_allreduce", multi_process=True)
@@ -107,7 +108,8 @@ def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str 
                             task_index: Optional[int] = None,
                             cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                             bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
-                            gradient_compression: str = "none", accumulation_steps: int = 1
+                            gradient_compression: str = "none", accumulation_steps: int = 1,
+                            heartbeat_timeout: Optional[float] = None
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
     from tfpar.allreduce.strategy import MultiWorkerAllReduceStrategy
@@ -115,5 +117,6 @@ def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str 
 
     return strategy.make(MultiWorkerAllReduceStrategy, devices, implementation, cluster,
                          worker_hosts, task_index, cluster_timeout,
+                         heartbeat_timeout=heartbeat_timeout,
                          step_options=_step_options("collective", bytes_per_pack, None,
                                                     gradient_compression, accumulation_steps))
