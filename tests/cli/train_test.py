@@ -163,7 +163,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
 
     def test_a_file_where_a_runs_folder_goes_is_named_before_training(self):
-        model_dir = self.create_tempdir().full_path
+        model_dir = self.get_temp_dir()
         open(os.path.join(model_dir, "mirrored_2_devices"), "w").close()
         result = train("--dataset=digits", "--epochs=1", "--num_devices=1,2",
                        f"--model_dir={model_dir}")

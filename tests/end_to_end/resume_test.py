@@ -45,7 +45,8 @@ class ResumeTest(SameStateTestCase):
         # (The weights show up twice: as model_variables and as the optimizer's.)
         splits = synthetic_splits()
         whole = os.path.join(base, f"{strategy_name}_whole")
-        training.train_on_devices(dataclasses.replace(config, model_dir=whole), 2, splits)
+        uninterrupted = training.train_on_devices(dataclasses.replace(config, model_dir=whole), 2,
+                                                  splits)
         parts = os.path.join(base, f"{strategy_name}_parts")
         partial = dataclasses.replace(config, model_dir=parts, epochs=1)
         training.train_on_devices(partial, 2, splits)  # Stops after epoch 1, as if killed.
@@ -53,6 +54,12 @@ class ResumeTest(SameStateTestCase):
                                             splits)
         self.assertLen(resumed.epoch_seconds, 2)  # Only epochs 2 and 3 ran.
         self.assertEqual(resumed.epochs, 3)
+        # Its report holds every epoch once, the first one from the saved history.
+        self.assertEqual(sorted(resumed.history), sorted(uninterrupted.history))
+        for name, values in uninterrupted.history.items():
+            self.assertLen(resumed.history[name], 3, msg=name)
+            if name not in ("epoch_seconds", "images_per_second"):  # Timings differ.
+                self.assertAllClose(values, resumed.history[name], rtol=1e-5, msg=name)
         sub = f"{strategy_name}_2_devices"
         self.assertSameState(os.path.join(whole, sub), os.path.join(parts, sub))
 

@@ -54,6 +54,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     """
 
     MADE_WITH_FILE = "made_with.json"
+    # Every saved epoch's logs (loss, metrics, test accuracy), so that a resumed run reports
+    # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
+    # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
+    HISTORY_FILE = "history.json"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: Optional[dict[str, Any]] = None):
@@ -61,6 +65,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.directory = directory
         self.made_with = json.loads(json.dumps(made_with or {}))  # As it reads back.
         self._made_with_written = False
+        #: Per log, its value at every saved epoch from the first (restored, then extended).
+        self.history: dict[str, list[float]] = {}
         self._chief = cluster.is_chief(strategy)
         resolver = getattr(strategy, "cluster_resolver", None)
         self._write_dir = directory if self._chief else os.path.join(
@@ -119,7 +125,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
             return 0
         self._check_made_with()
         self._checkpoint.restore(latest).assert_existing_objects_matched()
-        return int(self.epochs_done.numpy())
+        epochs = int(self.epochs_done.numpy())
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
+                self.history = {name: values[:epochs] for name, values in json.load(f).items()}
+        return epochs
 
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
@@ -127,6 +137,12 @@ class EpochCheckpoint(keras.callbacks.Callback):
             # A diverged epoch is never saved: the last finite epoch stays the resume point.
             logging.warning("Not saving epoch %d: its loss is %s.", epoch + 1, loss)
             return
+        for name, value in (logs or {}).items():
+            with contextlib.suppress(TypeError, ValueError):
+                self.history.setdefault(name, []).append(float(value))
+        if self._chief:
+            os.makedirs(self.directory, exist_ok=True)
+            atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
         self.epochs_done.assign(epoch + 1)
         path = self._manager.save(checkpoint_number=epoch + 1)
         if self._chief and self.made_with and not self._made_with_written:

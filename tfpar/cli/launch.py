@@ -27,6 +27,11 @@ flags.DEFINE_enum("network", "private", list(launcher.NETWORKS),
                   "(firewall their ports).")
 flags.DEFINE_string("host", "127.0.0.1",
                     "The workers' address (must be loopback with --network=private).")
+flags.DEFINE_integer("max_restarts", 0,
+                     "After a worker fails (a crash, a kill, a lost peer), stop the others and "
+                     "start the whole job again with new ports, up to this many times; each "
+                     "restart resumes from the last epoch saved in the command's --model_dir, "
+                     "which it must carry.")
 flags.DEFINE_bool("all_output", False,
                   "Every worker prints its progress bars and report; by default only the chief "
                   "(worker 0) does, the others print warnings and errors.")
@@ -38,7 +43,8 @@ def main(argv: list[str]) -> None:
         raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
                           "--strategy=multi_worker.")
     sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
-                             all_output=FLAGS.all_output, network=FLAGS.network))
+                             all_output=FLAGS.all_output, network=FLAGS.network,
+                             max_restarts=FLAGS.max_restarts))
 
 
 def run() -> None:

@@ -5,6 +5,10 @@ worker's rank, and supervises: if a worker fails or is killed, the others are st
 launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
 their own process groups, so nothing they start outlives the launcher.
 
+With ``max_restarts`` it restarts the whole group after a failure, as ``torchrun
+--max-restarts`` does: the failed worker's peers are stopped and every worker starts again with
+fresh ports, resuming from the last finished epoch its command's ``--model_dir`` holds.
+
 By default the workers run on a private loopback network (:mod:`.private_network`), since
 TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
 runs them on the machine's network instead (then their ports must be firewalled), and a port
@@ -17,6 +21,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -65,6 +70,34 @@ def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
             for i in range(num_workers)]
 
 
+# Exit statuses that end a job without a restart: success, the user's Ctrl-C or SIGTERM to the
+# launcher, and bad input (exit 2: the same command fails the same way again).
+_NO_RESTART = (0, 2, 130)
+_CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', re.M)
+
+
+def model_dir_of(command: Sequence[str]) -> Optional[str]:
+    """The ``--model_dir`` a tfpar training command carries, or ``None``."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--model_dir="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--model_dir" and i + 1 < len(command):
+            return command[i + 1]
+    return None
+
+
+def last_saved_epoch(model_dir: str) -> int:
+    """The last epoch saved in ``model_dir`` by any of its runs (0: none), read from
+    TensorFlow's checkpoint state files (no TensorFlow needed)."""
+    epochs = [0]
+    with contextlib.suppress(OSError):
+        for run in ["", *os.listdir(model_dir)]:  # The folder itself, or a run's folder.
+            with contextlib.suppress(OSError):
+                with open(os.path.join(model_dir, run, "checkpoint"), encoding="utf-8") as f:
+                    epochs += [int(n) for n in _CHECKPOINT_STATE.findall(f.read())]
+    return max(epochs)
+
+
 def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
     for line in iter(stream.readline, ""):
         with lock:
@@ -101,7 +134,7 @@ def _is_loopback(host: str) -> bool:
 
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
            out: Optional[TextIO] = None, all_output: bool = False,
-           network: str = "private") -> int:
+           network: str = "private", max_restarts: int = 0) -> int:
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
     Args:
@@ -114,6 +147,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             nothing outside the job can reach (nor can they reach the network; Linux only).
             ``"host"``: on this machine's network, where TensorFlow's servers listen on every
             interface (firewall their ports).
+        max_restarts: How many times the whole group is started again after a worker fails
+            (a non-zero exit other than 2, bad input; a signal other than the user's to the
+            launcher; a peer lost, exit 69). Each restart resumes from the last finished
+            epoch in the command's ``--model_dir``, which it must carry.
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
@@ -121,14 +158,23 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
 
     Raises:
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
-            is not an address of this machine (or not loopback on a private network), or a
-            private network cannot be made here.
+            is not an address of this machine (or not loopback on a private network), a
+            private network cannot be made here, or ``max_restarts`` is set without
+            ``--model_dir`` in the command.
     """
     if not command:
         raise ConfigError("The command to run is empty: give the program and its arguments, "
                           "e.g. python scripts/train.py --strategy=multi_worker.")
     if num_workers < 1:
         raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
+                          f"{{argument}}={max_restarts!r}.", argument="max_restarts")
+    model_dir = model_dir_of(command)
+    if max_restarts and model_dir is None:
+        raise ConfigError("{argument} > 0 restarts the job from its last saved epoch: the "
+                          "command must carry --model_dir=DIR (where the epochs are saved). "
+                          f"Received: {{argument}}={max_restarts}.", argument="max_restarts")
     if network not in NETWORKS:
         raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
     if network == "private" and not _is_loopback(host):
@@ -136,6 +182,25 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                           f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
                           "for another address.")
     out = out or sys.stdout
+    for restart in range(max_restarts + 1):
+        if restart:
+            epoch = last_saved_epoch(model_dir)
+            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
+                      "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
+                                   else f"from scratch (no epoch saved in {model_dir} yet).\n"))
+            out.flush()
+        status = _launch_once(command, num_workers, host, out, all_output, network)
+        if status in _NO_RESTART:
+            return status
+    if max_restarts:
+        out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); exiting "
+                  f"with the failed worker's status ({status}).\n")
+    return status
+
+
+def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextIO,
+                 all_output: bool, network: str) -> int:
+    """One start of the workers (again with new ports where a port was taken)."""
     with contextlib.ExitStack() as stack:
         namespace = (stack.enter_context(private_network.Namespace())
                      if network == "private" else None)

@@ -140,6 +140,9 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         checkpoint = _epoch_checkpoint(config, model, strategy)
         initial_epoch = checkpoint.restore() if config.resume else 0
         callbacks.append(checkpoint)
+    # The epochs a resumed run did not train itself, for its report (each epoch once).
+    earlier = {name: list(values) for name, values in checkpoint.history.items()
+               } if checkpoint else {}
     profile_dir = config.profile_dir
     if config.logdir and cluster.is_chief(strategy):
         chosen = strategies.selection(strategy)
@@ -191,7 +194,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
         images_per_second=timer.steady_images_per_second if timed else math.nan,
         epoch_seconds=list(timer.epoch_seconds),
-        history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+        history={k: earlier.get(k, [])[:initial_epoch] + [float(v) for v in vs]
+                 for k, vs in history.history.items()},
         is_chief=cluster.is_chief(strategy))
     if loss_guard.stopped:
         raise NonFiniteLossError(
