@@ -11,7 +11,8 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from tfpar.errors import ConfigError
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Iterator, Optional, Sequence, Union
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Union
 
 import tensorflow as tf
 from absl import logging
@@ -94,7 +96,7 @@ def gpu_count() -> int:
 PER_DEVICE_THREAD_POOLS_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 
 
-def ensure_logical_cpus(count: int, threads_per_device: Optional[int] = None) -> None:
+def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> None:
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
 
     By default logical CPU devices share one pool of intra-op threads: two replicas each with
@@ -198,7 +200,7 @@ def _describe_available() -> str:
     return text + (f", {gpus} GPU(s)" if gpus else ", no GPU")
 
 
-def parse(text: str) -> Union[int, tuple[str, ...]]:
+def parse(text: str) -> int | tuple[str, ...]:
     """Parses a device-set spec as written on a command line.
 
     Args:

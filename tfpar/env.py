@@ -74,8 +74,8 @@ def describe_cpu() -> str:
 
 
 def _cluster() -> dict[str, Any]:
-    from tfpar.multiworker import cluster
     from tfpar.errors import TfparError
+    from tfpar.multiworker import cluster
 
     if os.environ.get("TF_CONFIG"):
         try:

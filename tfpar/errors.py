@@ -8,7 +8,7 @@ its flags, says ``--data_dir`` (:meth:`TfparError.render`).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 class TfparError(ValueError):
@@ -26,7 +26,7 @@ class TfparError(ValueError):
 
     exit_status = 2
 
-    def __init__(self, message: str, *, argument: Optional[str] = None):
+    def __init__(self, message: str, *, argument: str | None = None):
         self.template, self.argument = message, argument
         super().__init__(self.render(lambda name: name))
 
@@ -77,7 +77,7 @@ class NonFiniteLossError(TfparError):
             last.
     """
 
-    def __init__(self, message: str, results: list, *, argument: Optional[str] = None):
+    def __init__(self, message: str, results: list, *, argument: str | None = None):
         super().__init__(message, argument=argument)
         self.results = results
 

@@ -27,8 +27,9 @@
 
 No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
 or how its variables add, so the fixes wrap these private attributes of
-``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only where its defect is (several
-replicas; several workers) and calls Keras's own code everywhere else.
+``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only
+where its defect is (several replicas; several workers; central storage) and calls Keras's own
+code everywhere else.
 
 They are applied only on the Keras versions they were verified against
 (:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
@@ -42,7 +43,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -175,7 +177,7 @@ _originals: dict[str, Callable] = {}
 _skipped: list[str] = []  # Why the fixes were not applied, once known.
 
 
-def skip_reason() -> Optional[str]:
+def skip_reason() -> str | None:
     """Why the fixes would not be applied on this Keras (``None``: they would)."""
     reason = versions.keras_skip_reason(keras.version())
     if reason:
@@ -189,7 +191,7 @@ def skip_reason() -> Optional[str]:
     return None
 
 
-def install(names: Optional[tuple[str, ...]] = None) -> None:
+def install(names: tuple[str, ...] | None = None) -> None:
     """Installs the fixes (all, or those named), once; idempotent.
 
     On a Keras they were not verified against, warns once and installs nothing.
@@ -209,7 +211,7 @@ def install(names: Optional[tuple[str, ...]] = None) -> None:
             setattr(owner, fix.attribute, fix.wrap(_originals[fix.name]))
 
 
-def uninstall(names: Optional[tuple[str, ...]] = None) -> None:
+def uninstall(names: tuple[str, ...] | None = None) -> None:
     """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
     for fix in FIXES:
         if (names is None or fix.name in names) and fix.name in _originals:

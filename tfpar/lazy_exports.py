@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 
-def install(package: str, names: Optional[Mapping[str, str]] = None) -> None:
+def install(package: str, names: Mapping[str, str] | None = None) -> None:
     """Makes ``names`` and every submodule of ``package`` importable on first use.
 
     Call it at the end of the package's ``__init__``: ``install(__name__, {"load":
@@ -43,7 +43,8 @@ def install(package: str, names: Optional[Mapping[str, str]] = None) -> None:
     def __dir__() -> list[str]:
         return sorted(set(vars(module)) | set(names) | submodules)
 
-    module.__getattr__ = __getattr__
-    module.__dir__ = __dir__
+    setattr(module, "__getattr__", __getattr__)  # noqa: B010 (a module's, not a method)
+    setattr(module, "__dir__", __dir__)  # noqa: B010
     if names:
-        module.__all__ = sorted(set(getattr(module, "__all__", ())) | set(names))
+        setattr(module, "__all__",  # noqa: B010
+                sorted(set(getattr(module, "__all__", ())) | set(names)))

@@ -1,13 +1,12 @@
 """Tests of the all-reduce step under model.fit: equality with one device, uneven data, options."""
 
 import functools
+from unittest import mock
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
-
-from unittest import mock
 
 from tfpar import models
 from tfpar import testing
@@ -66,14 +65,16 @@ class EquivalenceTest(testing.StrategyTestCase):
                                        self.strategy("allreduce", 2))
 
     def test_clipping_applies_to_the_reduced_gradient(self):
-        clipped = lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05)
+        def clipped():
+            return keras.optimizers.SGD(0.1, global_clipnorm=0.05)
         self.assertMatchesSingleDevice(compiled(users_model, clipped), testing.tiny_dataset(),
                                        self.strategy("allreduce", 2))
 
     def test_mirrored_fit_clips_each_replica_before_reducing(self):
         # Keras 3's documented-here defect: under mirrored + fit, global_clipnorm clips each
         # replica's partial gradient, so the result differs from single-device training.
-        clipped = lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05)
+        def clipped():
+            return keras.optimizers.SGD(0.1, global_clipnorm=0.05)
         with self.assertRaisesRegex(AssertionError, "differ"):
             self.assertMatchesSingleDevice(compiled(users_model, clipped),
                                            testing.tiny_dataset(),

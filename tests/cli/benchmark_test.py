@@ -6,7 +6,6 @@ import sys
 
 import tensorflow as tf
 
-
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
 
 

@@ -138,8 +138,8 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         with open(plot, "rb") as f:
             header = f.read(24)
         self.assertEqual(header[:8], b"\x89PNG\r\n\x1a\n")
-        self.assertEqual((int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")),
-                         (1300, 400))
+        size = (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big"))
+        self.assertEqual(size, (1300, 400))
         with open(output, encoding="utf-8") as f:
             results = [training.RunResult(**r) for r in json.load(f)["results"]]
         figure = train_report.curves_figure(results)

@@ -66,7 +66,8 @@ class ResNet18Test(tf.test.TestCase, parameterized.TestCase):
         model = models.resnet18()
         # Stride 1 stem keeps 28x28; stages 2-4 halve it: 14, 7, 4.
         self.assertEqual(model.get_layer("resnet18_stage1_block2_out").output.shape[1], 28)
-        self.assertEqual(model.get_layer("resnet18_stage4_block2_out").output.shape[1:], (4, 4, 512))
+        self.assertEqual(model.get_layer("resnet18_stage4_block2_out").output.shape[1:],
+                         (4, 4, 512))
 
     def test_synchronized_batchnorm_option(self):
         model = models.resnet18(synchronized_batchnorm=True)

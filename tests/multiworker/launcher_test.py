@@ -47,7 +47,7 @@ class LauncherTest(tf.test.TestCase):
         status = launcher.launch([sys.executable, "-c", code, f"--model_dir={model_dir}"], 2,
                                  out=out, max_restarts=2)
         self.assertEqual(status, 3)
-        lines = [l for l in out.getvalue().splitlines() if l.startswith("launcher:")]
+        lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
         self.assertEqual(lines, [
             "launcher: worker 1 exited with 3; stopped the other workers.",
             f"launcher: restart 1 of 2: starting every worker again, from scratch (no epoch "
@@ -218,7 +218,7 @@ class LauncherTest(tf.test.TestCase):
                 with open(table) as f:
                     self.assertNotRegex(f.read(), listening)
             with open(f"/proc/{pid}/net/dev") as f:
-                self.assertEqual([l.split(":")[0].strip() for l in f.readlines()[2:]], ["lo"])
+                self.assertEqual([line.split(":")[0].strip() for line in f.readlines()[2:]], ["lo"])
             with self.assertRaises(OSError):
                 socket.create_connection(("127.0.0.1", port), timeout=2).close()
             # TensorFlow's preemption notifier would swallow SIGTERM: the worker must stop.

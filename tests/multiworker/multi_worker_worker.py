@@ -2,8 +2,8 @@
 
 Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
-    [FIX]]: the entry's options (and "steps_per_execution" for compile, "gradient_accumulation_steps"
-    for the optimizer); FIX names a
+    [FIX]]: the entry's options (and "steps_per_execution" for compile,
+    "gradient_accumulation_steps" for the optimizer); FIX names a
     tfpar.keras_fixes fix to remove (to show the defect it fixes)
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 import keras
 import numpy as np
@@ -75,7 +74,7 @@ class StepLogs(keras.callbacks.Callback):
 
 
 def model_with_metric(steps_per_execution: int = 1,
-                      gradient_accumulation_steps: Optional[int] = None) -> keras.Model:
+                      gradient_accumulation_steps: int | None = None) -> keras.Model:
     """The tiny model, logging an accuracy besides its loss (two scalar logs per step)."""
     model = testing.tiny_model()
     model.compile(optimizer=keras.optimizers.SGD(

@@ -5,8 +5,8 @@ import tensorflow as tf
 from tfpar import devices
 from tfpar import strategies
 from tfpar import testing
-from tfpar.strategies import cross_device_ops
 from tfpar.errors import RegistryError
+from tfpar.strategies import cross_device_ops
 
 
 class BuiltinsTest(testing.StrategyTestCase):

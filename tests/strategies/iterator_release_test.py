@@ -68,7 +68,7 @@ class IteratorReleaseTest(testing.StrategyTestCase):
         strategy = self.strategy("mirrored", 2)
         losses = []
         for release in (True, False):
-            with mock.patch.object(iterator_release, "applies", lambda: release):
+            with mock.patch.object(iterator_release, "applies", lambda release=release: release):
                 with strategy.scope():
                     model = testing.tiny_model()
                     model.set_weights([np.full(w.shape, 0.1, w.dtype)

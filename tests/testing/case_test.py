@@ -12,7 +12,6 @@ from tfpar import testing
 from tfpar.errors import DeviceError
 from tfpar.testing import case
 
-
 model_fn = functools.partial(testing.tiny_model, lr=0.5)
 
 

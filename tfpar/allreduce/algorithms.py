@@ -23,13 +23,14 @@ DDP's reverse-order buckets; TensorFlow orders the collectives of a step as they
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tfpar.allreduce.options import ALGORITHMS  # noqa: F401  (documented here)
-from tfpar.allreduce.options import check_algorithm
 from tfpar.allreduce.options import DEFAULT_BYTES_PER_PACK
+from tfpar.allreduce.options import check_algorithm
 from tfpar.errors import RegistryError
 
 

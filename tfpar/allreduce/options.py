@@ -7,7 +7,6 @@ flag check answer before TensorFlow is imported.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
@@ -65,7 +64,7 @@ class StepOptions:
 
     algorithm: str = "collective"
     bytes_per_pack: int = DEFAULT_BYTES_PER_PACK
-    split_weights: Optional[tuple[float, ...]] = None
+    split_weights: tuple[float, ...] | None = None
     gradient_compression: str = "none"
     accumulation_steps: int = 1
 

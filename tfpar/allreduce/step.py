@@ -44,7 +44,8 @@ class weights, validation, callbacks, ``steps_per_execution``, ``evaluate`` and 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -95,7 +96,7 @@ _APPLY_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients", "_back
                   "_backend_increment_gradient_accumulators")
 
 
-def check_optimizer(optimizer: Optional[keras.optimizers.Optimizer],
+def check_optimizer(optimizer: keras.optimizers.Optimizer | None,
                     variables: Sequence[Any] = ()) -> None:
     """Raises for an optimizer whose update the step cannot reproduce exactly.
 
@@ -173,8 +174,12 @@ def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]
         return [(data, count)]
     sizes = split_sizes(tf.cast(count, tf.int32), [1.0] * k)
     starts = tf.cumsum(sizes, exclusive=True)
-    return [(tree.map_structure(lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]],
-                                data), tf.cast(sizes[j], tf.float32)) for j in range(k)]
+
+    def part(j: int):
+        return tree.map_structure(
+            lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]], data)
+
+    return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
 
 def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]:
@@ -222,7 +227,7 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
                                        options.bytes_per_pack)[0][0]
              if options.gradient_compression == "fp16" else None)
     variables = model.trainable_variables
-    present = []  # Indices of the variables that get a gradient (known once traced).
+    present: list[int] = []  # Indices of the variables that get a gradient (once traced).
 
     def forward_backward(x, y, sample_weight, count):
         with tf.GradientTape() as tape:
@@ -254,21 +259,25 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
         # an empty batch).
         return [tf.zeros_like(variables[i]) for i in present]
 
-    grads = None
+    grads: list = []
     synchronizes = _synchronizes(model)
     for micro, micro_count in _micro_batches((x, y, sample_weight), count,
                                              options.accumulation_steps):
+        micro_x, micro_y, micro_weight = micro
+
+        def run_micro_batch(x=micro_x, y=micro_y, weight=micro_weight, n=micro_count):
+            return forward_backward(x, y, weight, n)
+
         # One micro-batch after the other: the next starts once this one's gradients exist.
-        with tf.control_dependencies(grads or []):
+        with tf.control_dependencies(grads):
             if synchronizes:
                 # Layers that all-reduce inside the forward pass (synchronized
                 # BatchNormalization) cannot sit in a conditional branch.
-                step_grads = forward_backward(*micro, micro_count)
+                step_grads = run_micro_batch()
             else:
                 # tf.cond traces forward_backward first, which fills `present`.
-                step_grads = tf.cond(micro_count > 0,
-                                     lambda: forward_backward(*micro, micro_count), empty_shard)
-        grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
+                step_grads = tf.cond(micro_count > 0, run_micro_batch, empty_shard)
+        grads = [a + b for a, b in zip(grads, step_grads)] if grads else step_grads
 
     def scaled(grads, total):
         # Every replica scales by the same factors (1 / the global count, 1 / the loss

@@ -11,7 +11,7 @@ keeps its own step.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 import tensorflow as tf
@@ -93,8 +93,9 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
     """
 
     def __init__(self, devices: Sequence[str], cross_device_ops: tf.distribute.CrossDeviceOps,
-                 step_options: StepOptions = StepOptions()):
+                 step_options: StepOptions | None = None):
         super().__init__(list(devices), cross_device_ops=cross_device_ops)
+        step_options = step_options or StepOptions()
         step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
         self.step_options = step_options
 
@@ -108,8 +109,9 @@ class MultiWorkerAllReduceStrategy(RefusesMultiStepExecution, _AllReduceStep,
     """
 
     def __init__(self, cluster_resolver, communication_options,
-                 step_options: StepOptions = StepOptions()):
+                 step_options: StepOptions | None = None):
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options)
+        step_options = step_options or StepOptions()
         step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
         self.step_options = step_options

@@ -14,7 +14,9 @@ import itertools
 import json
 import os
 import statistics
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
 
 from tfpar import strategies
 
@@ -98,7 +100,7 @@ class Configuration:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "Configuration":
+    def from_json(cls, text: str) -> Configuration:
         """Inverse of :meth:`to_json`."""
         fields = json.loads(text)
         fields["image_shape"] = tuple(fields["image_shape"])
@@ -180,9 +182,9 @@ def paired_ratio(a: Measurement, b: Measurement) -> float:
 
 def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
                    model_names: Sequence[str], batch_size: int,
-                   threads_per_device: Optional[int] = None, baseline: bool = False,
+                   threads_per_device: int | None = None, baseline: bool = False,
                    ceiling: bool = False,
-                   strategy_options: Optional[Mapping[str, Sequence[Any]]] = None,
+                   strategy_options: Mapping[str, Sequence[Any]] | None = None,
                    communication_share: bool = False, **options) -> list[Configuration]:
     """The sweep: every model x strategy (x its options) x device count, plain Keras first.
 
@@ -216,9 +218,9 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
     sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
              for m in model_names] if baseline else []
-    variants = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
-    variants = [(s, o, True) for s, o in variants] + (
-        [(s, o, False) for s, o in variants if _runs_the_allreduce_step(s)]
+    pairs = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
+    variants: list[tuple[str, tuple, bool]] = [(s, o, True) for s, o in pairs] + (
+        [(s, o, False) for s, o in pairs if _runs_the_allreduce_step(s)]
         if communication_share else [])
     variants += [(CEILING, (), True)] if ceiling else []
     return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfpar import atomic_io
 from tfpar.benchmark.configuration import BASELINE

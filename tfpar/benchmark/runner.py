@@ -24,7 +24,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 from tfpar.benchmark.configuration import CEILING
 from tfpar.benchmark.configuration import Configuration
@@ -52,7 +53,8 @@ class _Processes:
                             for c in launcher.tf_configs(count)]
         else:
             environments = [dict(os.environ)] * count
-        self.processes, self.logs = [], []
+        self.processes: list[subprocess.Popen[str]] = []
+        self.logs: list = []
         for index, env in enumerate(environments):
             log = stack.enter_context(tempfile.TemporaryFile("w+"))
             command = [sys.executable, "-m", "tfpar.benchmark.worker", configuration.to_json()]
@@ -73,6 +75,7 @@ class _Processes:
 
     def _reply(self, index: int, verb: str) -> str:
         process = self.processes[index]
+        assert process.stdout is not None  # A pipe.
         for line in process.stdout:
             if line.startswith(verb + " "):
                 return line[len(verb) + 1:].strip()
@@ -94,6 +97,7 @@ class _Processes:
         machine's steal fraction meanwhile."""
         before = _cpu_times()
         for process in self.processes:
+            assert process.stdin is not None  # A pipe.
             process.stdin.write(f"RUN {steps}\n")
             process.stdin.flush()
         replies = [self._reply(i, "DONE").split() for i in range(len(self.processes))]
@@ -122,7 +126,7 @@ def _cpu_times() -> tuple[int, int]:
 
 
 def _end(process: subprocess.Popen) -> None:
-    if process.poll() is None:
+    if process.poll() is None and process.stdin is not None:
         process.stdin.close()
         try:
             process.wait(timeout=30)
@@ -132,7 +136,7 @@ def _end(process: subprocess.Popen) -> None:
 
 
 def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
-        progress: Optional[Callable[[str], None]] = print, profile_steps: int = 0,
+        progress: Callable[[str], None] | None = print, profile_steps: int = 0,
         profile_dir: str = "tfpar_profile") -> list[Measurement]:
     """Starts every configuration, then measures them in interleaved rounds.
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 import keras
 import numpy as np
@@ -128,7 +129,7 @@ class _Trainer:
         return time.perf_counter() - start
 
 
-def serve(config: Configuration, profile_steps: int = 0, profile_dir: Optional[str] = None,
+def serve(config: Configuration, profile_steps: int = 0, profile_dir: str | None = None,
           requests: TextIO = sys.stdin, replies: TextIO = sys.stdout) -> None:
     """Builds ``config``, warms up, then answers ``RUN k`` requests until end of input.
 
@@ -151,7 +152,7 @@ def serve(config: Configuration, profile_steps: int = 0, profile_dir: Optional[s
         # tfpar.training.run: TensorFlow's profiler aborts now and then in other workers).
         chief = cluster.is_chief(trainer.strategy)
         trainer.train(profile_steps,
-                      [ProfileSteps(1, profile_steps, profile_dir)] if chief else [])
+                      [ProfileSteps(1, profile_steps, profile_dir or "")] if chief else [])
     replies.write(f"READY {json.dumps(trainer.info)}\n")
     replies.flush()
     for line in requests:

@@ -17,7 +17,8 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -60,7 +61,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
     HISTORY_FILE = "history.json"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
-                 max_to_keep: int = 2, made_with: Optional[dict[str, Any]] = None):
+                 max_to_keep: int = 2, made_with: dict[str, Any] | None = None):
         super().__init__()
         self.directory = directory
         self.made_with = json.loads(json.dumps(made_with or {}))  # As it reads back.
@@ -69,7 +70,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.history: dict[str, list[float]] = {}
         self._chief = cluster.is_chief(strategy)
         resolver = getattr(strategy, "cluster_resolver", None)
-        self._write_dir = directory if self._chief else os.path.join(
+        # Only a worker of a multi-worker job is not the chief: it has a cluster resolver.
+        self._write_dir = directory if self._chief or resolver is None else os.path.join(
             directory, f".worker_{resolver.task_type}_{resolver.task_id}")
         with strategy.scope():
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -88,7 +90,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                                        max_to_keep=max_to_keep)
 
     @property
-    def latest(self) -> Optional[str]:
+    def latest(self) -> str | None:
         """Path prefix of the latest complete checkpoint in ``directory``, if any.
 
         Raises:

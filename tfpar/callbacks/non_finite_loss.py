@@ -7,7 +7,6 @@ happened so the caller can report it (and keep what was measured so far).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import keras
 
@@ -24,9 +23,9 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self._epoch = 0
-        self.epoch: Optional[int] = None
-        self.step: Optional[int] = None
-        self.value: Optional[float] = None
+        self.epoch: int | None = None
+        self.step: int | None = None
+        self.value: float | None = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

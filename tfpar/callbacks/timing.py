@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import keras
 
@@ -32,7 +32,7 @@ class EpochTimer(keras.callbacks.Callback):
                              f"Received: examples_per_epoch={examples_per_epoch}.")
         self.examples_per_epoch = examples_per_epoch
         self._clock = clock
-        self._start: Optional[float] = None
+        self._start = 0.0  # Set when each epoch begins.
         self.epoch_seconds: list[float] = []
 
     def on_train_begin(self, logs=None):

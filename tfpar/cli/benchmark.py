@@ -11,11 +11,13 @@ from __future__ import annotations
 from absl import flags
 
 from tfpar import atomic_io
-from tfpar import benchmark
 from tfpar import env
 from tfpar import models
 from tfpar import strategies
 from tfpar.allreduce import options as allreduce_options
+from tfpar.benchmark import configuration
+from tfpar.benchmark import report as benchmark_report
+from tfpar.benchmark import runner
 from tfpar.cli import common
 from tfpar.errors import ConfigError
 from tfpar.multiworker import strategy as multiworker_strategy
@@ -114,20 +116,20 @@ def main(argv: list[str]) -> None:
     if FLAGS.accumulation_steps:
         swept["accumulation_steps"] = [common.parse_count("--accumulation_steps", n)
                                        for n in FLAGS.accumulation_steps]
-    sweep = benchmark.configurations(
+    sweep = configuration.configurations(
         FLAGS.strategies, counts, FLAGS.models, FLAGS.batch_size, FLAGS.threads_per_device,
         baseline=FLAGS.baseline, ceiling=FLAGS.ceiling, strategy_options=swept,
         communication_share=FLAGS.communication_share, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
         warmup_steps=FLAGS.warmup_steps)
-    measurements = benchmark.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,
+    measurements = runner.run(sweep, steps=FLAGS.steps, rounds=FLAGS.rounds,
                                  profile_steps=FLAGS.profile_steps, profile_dir=FLAGS.profile_dir)
     print()
     print(f"Machine: {env.describe_cpu()}")  # Figures differ by CPU kind: say which.
-    print(benchmark.table(measurements, FLAGS.epoch_examples))
-    for path, write, what in ((FLAGS.output, benchmark.write_json, "Measurements"),
-                              (FLAGS.csv, benchmark.write_csv, "Table"),
-                              (FLAGS.plot, benchmark.plot, "Plot")):
+    print(benchmark_report.table(measurements, FLAGS.epoch_examples))
+    for path, write, what in ((FLAGS.output, benchmark_report.write_json, "Measurements"),
+                              (FLAGS.csv, benchmark_report.write_csv, "Table"),
+                              (FLAGS.plot, benchmark_report.plot, "Plot")):
         if path:
             write(path, measurements)
             print(f"{what} written to {path}")

@@ -10,7 +10,8 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -29,14 +30,14 @@ _running = threading.Event()  # A wrapped main is running (the watcher acts only
 _watching: list = []  # The watcher runs (once per process).
 
 
-def flag_name(argument: str, aliases: Optional[dict[str, str]] = None) -> str:
+def flag_name(argument: str, aliases: dict[str, str] | None = None) -> str:
     """The flag a library argument is set by: ``--name`` (or its alias), else the argument."""
     flag = (aliases or {}).get(argument, argument)
     return f"--{flag}" if flag in flags.FLAGS else argument
 
 
 def exit_cleanly(main: Callable[[list[str]], Any],
-                 aliases: Optional[dict[str, str]] = None) -> Callable[[list[str]], Any]:
+                 aliases: dict[str, str] | None = None) -> Callable[[list[str]], Any]:
     """Wraps an absl ``main``: a user error prints one line and exits with status 2 (or the
     error's ``exit_status``); SIGTERM and Ctrl-C stop it with status 130.
 
@@ -116,8 +117,8 @@ def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:
 
 
 def run_main(main: Callable[[list[str]], Any], flags_module: str,
-             help_groups: Optional[dict[str, tuple[str, ...]]] = None,
-             aliases: Optional[dict[str, str]] = None, positional: bool = False) -> None:
+             help_groups: dict[str, tuple[str, ...]] | None = None,
+             aliases: dict[str, str] | None = None, positional: bool = False) -> None:
     """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
@@ -183,7 +184,7 @@ def parse_positive_float(flag: str, text: str) -> float:
 
 
 def strategy_options(strategy: str, values: dict[str, Any],
-                     flag_names: Optional[dict[str, str]] = None) -> dict[str, Any]:
+                     flag_names: dict[str, str] | None = None) -> dict[str, Any]:
     """Returns the flag values that the strategy's registry entry takes as options.
 
     Args:

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 from absl import flags
 

@@ -38,7 +38,8 @@ flags.DEFINE_bool("all_output", False,
 
 
 def main(argv: list[str]) -> None:
-    """Launches ``argv[1:]`` (the command after ``--``) as the workers and exits with their status."""
+    """Launches ``argv[1:]`` (the command after ``--``) as the workers; exits with their
+    status."""
     if len(argv) < 2:
         raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
                           "--strategy=multi_worker.")

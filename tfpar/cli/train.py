@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import cast
 
 from absl import flags
 
@@ -161,8 +162,10 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
         model_dir=FLAGS.model_dir,
         resume=FLAGS.resume, deterministic=FLAGS.deterministic, dtype=FLAGS.dtype,
         jit_compile=FLAGS.jit_compile, steps_per_execution=FLAGS.steps_per_execution,
-        profile_steps=(tuple(common.parse_count("--profile_steps", n)
-                             for n in FLAGS.profile_steps) if FLAGS.profile_steps else None),
+        # Two steps, first and last (TrainConfig checks how many were given).
+        profile_steps=(cast(tuple[int, int], tuple(common.parse_count("--profile_steps", n)
+                                                   for n in FLAGS.profile_steps))
+                       if FLAGS.profile_steps else None),
         profile_dir=FLAGS.profile_dir, logdir=FLAGS.logdir)
     options = common.strategy_options(FLAGS.strategy, {
         "cross_device_ops": FLAGS.cross_device_ops, "algorithm": FLAGS.allreduce,
@@ -202,7 +205,7 @@ def main(argv: list[str]) -> None:
     # unless it was asked to show every worker's output.
     all_output = not config.chief_only_progress
 
-    from tfpar import training  # Imports TensorFlow: only once the flags are checked.
+    from tfpar.training import run as training  # TensorFlow: only once flags are checked.
 
     def report_line(result: training.RunResult) -> None:
         if result.is_chief or all_output:

@@ -3,13 +3,14 @@ and the seeds' plot of test accuracy per epoch for each device set."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tfpar import atomic_io
 from tfpar.errors import ConfigError
 
 if TYPE_CHECKING:  # Only a type here: this module does not import TensorFlow.
-    from tfpar.training import RunResult
+    from tfpar.training.run import RunResult
 
 
 def summary_line(result: RunResult) -> str:

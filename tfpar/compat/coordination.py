@@ -15,7 +15,6 @@ and measures the job ending well before TensorFlow's default would end it.
 from __future__ import annotations
 
 import importlib
-from typing import Optional
 
 from tfpar.compat import versions
 from tfpar.errors import ConfigError
@@ -25,7 +24,7 @@ VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
 COORDINATED_JOBS = ("chief", "worker")
 
 
-def check_heartbeat_timeout(seconds: Optional[float]) -> None:
+def check_heartbeat_timeout(seconds: float | None) -> None:
     """Raises unless ``seconds`` is ``None`` (TensorFlow's default) or a number > 0.
 
     Raises:
@@ -38,7 +37,7 @@ def check_heartbeat_timeout(seconds: Optional[float]) -> None:
                           f"{{argument}}={seconds!r}.", argument="heartbeat_timeout")
 
 
-def configure_heartbeat_timeout(cluster_spec, seconds: Optional[float]) -> None:
+def configure_heartbeat_timeout(cluster_spec, seconds: float | None) -> None:
     """Configures the coordination service the strategy will use, with ``seconds`` as its
     heartbeat timeout; call it before building the strategy. ``None``: TensorFlow's default.
 

@@ -6,7 +6,6 @@ No TensorFlow or Keras import at module level: :mod:`tfpar.env` reads this to re
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 # (major, minor) versions of Keras the workarounds that touch Keras internals were verified
 # against, inclusive: the code they rely on is unchanged from 3.0 to 3.15 (read in their
@@ -37,7 +36,7 @@ def keras_range_text() -> str:
     return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
 
 
-def keras_skip_reason(keras_version: str) -> Optional[str]:
+def keras_skip_reason(keras_version: str) -> str | None:
     """Why Keras workarounds are not used on ``keras_version`` (``None``: they are).
 
     Args:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Optional
 from urllib.parse import urlparse
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfpar.data.catalog import available
 from tfpar.data.catalog import OFFLINE_DATASETS
 from tfpar.data.catalog import TFDS
 from tfpar.data.catalog import TfdsInfo
+from tfpar.data.catalog import available
 from tfpar.errors import DatasetError
 
 
@@ -52,7 +51,7 @@ class Splits:
     num_test: int
 
 
-def load(name: str, data_dir: Optional[str] = None, *, download: bool = True,
+def load(name: str, data_dir: str | None = None, *, download: bool = True,
          image_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int = 10,
          synthetic_size: tuple[int, int] = (2048, 512), seed: int = 0) -> Splits:
     """Loads a dataset's train and test splits.
@@ -88,7 +87,7 @@ def _to_image_label(image, label):
     return tf.cast(image, tf.float32) / 255.0, tf.cast(label, tf.int32)
 
 
-def _check_data_dir(data_dir: Optional[str]) -> None:
+def _check_data_dir(data_dir: str | None) -> None:
     if data_dir is None:
         return
     if not os.path.isdir(data_dir):
@@ -110,7 +109,7 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _tfds(name: str, info: TfdsInfo, data_dir: Optional[str], download: bool) -> Splits:
+def _tfds(name: str, info: TfdsInfo, data_dir: str | None, download: bool) -> Splits:
     import tensorflow_datasets as tfds  # Imported lazily: it is slow and not always needed.
 
     _check_data_dir(data_dir)

@@ -8,13 +8,11 @@ a strategy's replicas.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import tensorflow as tf
 
 
 def pipeline(dataset: tf.data.Dataset, global_batch_size: int, *, shuffle: bool = False,
-             seed: Optional[int] = None) -> tf.data.Dataset:
+             seed: int | None = None) -> tf.data.Dataset:
     """Caches, optionally shuffles, batches by the global batch size and prefetches.
 
     Args:

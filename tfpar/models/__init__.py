@@ -59,7 +59,7 @@ def options(name: str) -> list[str]:
 
 
 def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
-          **kwargs) -> "keras.Model":
+          **kwargs) -> keras.Model:
     """Builds the named model.
 
     Args:

@@ -16,7 +16,10 @@ import signal
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
 
 from absl import logging
 
@@ -104,9 +107,9 @@ def parse_tf_config(text: str) -> tuple[dict, str, int]:
     return config["cluster"], task["type"], task["index"]
 
 
-def resolver(source: str = "auto", worker_hosts: Optional[Sequence[str]] = None,
-             task_index: Optional[int] = None
-             ) -> Optional[tf.distribute.cluster_resolver.ClusterResolver]:
+def resolver(source: str = "auto", worker_hosts: Sequence[str] | None = None,
+             task_index: int | None = None
+             ) -> tf.distribute.cluster_resolver.ClusterResolver | None:
     """Returns the cluster resolver for ``source``, after checking the spec.
 
     Args:
@@ -128,10 +131,11 @@ def resolver(source: str = "auto", worker_hosts: Optional[Sequence[str]] = None,
     if source not in SOURCES:
         raise ClusterError(f"Unknown cluster source {source!r}. Allowed: {', '.join(SOURCES)}.")
     if source == "auto":
-        source = ("flags" if worker_hosts else "tf_config" if os.environ.get("TF_CONFIG")
-                  else "slurm" if os.environ.get("SLURM_JOB_ID") else None)
-    if source is None:
-        return None
+        detected = ("flags" if worker_hosts else "tf_config" if os.environ.get("TF_CONFIG")
+                    else "slurm" if os.environ.get("SLURM_JOB_ID") else None)
+        if detected is None:
+            return None
+        source = detected
     if source == "flags":
         hosts = list(worker_hosts or [])
         check_spec({"worker": hosts}, "worker", task_index)
@@ -272,7 +276,7 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
 
 
 def connect(make: Callable[[], tf.distribute.Strategy],
-            cluster_resolver: Optional[tf.distribute.cluster_resolver.ClusterResolver],
+            cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None,
             timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tf.distribute.Strategy:
     """Builds a multi-worker strategy with ``make`` once the cluster's peers are up.
 

@@ -10,7 +10,6 @@ of the job; ``fit`` then raises a ``tf.errors.OpError`` whose text names the unh
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 # The phrases TensorFlow 2.16-2.21 use when a peer is lost (coordination service, collective
 # executor, gRPC).
@@ -20,7 +19,7 @@ _PEER_LOST = ("unhealthy", "stopped sending heartbeats", "Collective ops is abor
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 
-def lost_peers(message: str) -> Optional[list[str]]:
+def lost_peers(message: str) -> list[str] | None:
     """Returns the tasks a TensorFlow error says stopped answering (``["worker 1"]``; empty
     when it names none), or ``None`` when the error is not about a lost peer.
 

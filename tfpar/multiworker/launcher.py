@@ -28,7 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from tfpar.errors import ConfigError
 from tfpar.errors import PortTakenError
@@ -76,7 +77,7 @@ _NO_RESTART = (0, 2, 130)
 _CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', re.M)
 
 
-def model_dir_of(command: Sequence[str]) -> Optional[str]:
+def model_dir_of(command: Sequence[str]) -> str | None:
     """The ``--model_dir`` a tfpar training command carries, or ``None``."""
     for i, arg in enumerate(command):
         if arg.startswith("--model_dir="):
@@ -133,7 +134,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
-           out: Optional[TextIO] = None, all_output: bool = False,
+           out: TextIO | None = None, all_output: bool = False,
            network: str = "private", max_restarts: int = 0) -> int:
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
@@ -183,7 +184,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                           "for another address.")
     out = out or sys.stdout
     for restart in range(max_restarts + 1):
-        if restart:
+        if restart and model_dir is not None:  # Checked above: restarts need a model_dir.
             epoch = last_saved_epoch(model_dir)
             out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
                       "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
@@ -221,7 +222,7 @@ def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextI
 
 
 def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output: bool,
-         namespace: Optional[private_network.Namespace]) -> int:
+         namespace: private_network.Namespace | None) -> int:
     """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
     lock = threading.Lock()
     processes, threads = [], []

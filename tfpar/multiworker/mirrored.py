@@ -12,10 +12,11 @@ import tensorflow as tf
 
 from tfpar.multiworker.strategy import check_steps_per_execution
 from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
+from tfpar.strategies.mixin_base import StrategyMixin
 from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
 
 
-class RefusesMultiStepExecution:
+class RefusesMultiStepExecution(StrategyMixin):
     """Mixin for a multi-worker ``tf.distribute`` strategy: a Keras step of a model compiled
     with ``steps_per_execution > 1`` raises tfpar's one-line reason (see
     :func:`~tfpar.multiworker.strategy.check_steps_per_execution`) instead of failing deep in

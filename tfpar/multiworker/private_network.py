@@ -112,6 +112,7 @@ class Namespace:
         holder = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                   text=True)
+        assert holder.stdin is not None and holder.stdout is not None  # Both are pipes.
         try:
             said = holder.stdout.readline().strip()
             if said.startswith("refused: "):
@@ -144,7 +145,7 @@ class Namespace:
             os.close(fd)
         self._fds = []
 
-    def __enter__(self) -> "Namespace":
+    def __enter__(self) -> Namespace:
         return self
 
     def __exit__(self, *exc) -> None:

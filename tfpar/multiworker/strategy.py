@@ -7,7 +7,7 @@ build their strategies here. No TensorFlow at import (the command line reads
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.compat import coordination
@@ -63,9 +63,9 @@ def _leave_a_thread_for_collectives() -> None:
 
 
 def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: str,
-         cluster: str, worker_hosts: Optional[tuple[str, ...]], task_index: Optional[int],
+         cluster: str, worker_hosts: tuple[str, ...] | None, task_index: int | None,
          cluster_timeout: float, bytes_per_pack: int = 0,
-         heartbeat_timeout: Optional[float] = None, **extra) -> tf.distribute.Strategy:
+         heartbeat_timeout: float | None = None, **extra) -> tf.distribute.Strategy:
     """Checks the options, waits for the cluster, builds the strategy.
 
     Args:

@@ -7,7 +7,7 @@ builds, so listing the entries and their options (their factories' signatures) i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from tfpar.allreduce.options import DEFAULT_BYTES_PER_PACK
 from tfpar.multiworker.cluster import DEFAULT_TIMEOUT_SECONDS
@@ -71,10 +71,10 @@ def _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression
 @register("allreduce")
 def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
-               split_weights: Optional[tuple[float, ...]] = None,
+               split_weights: tuple[float, ...] | None = None,
                gradient_compression: str = "none", accumulation_steps: int = 1,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
-    """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""
+    """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.allreduce.strategy import AllReduceStrategy
     from tfpar.strategies.cross_device_ops import make_cross_device_ops
 
@@ -86,12 +86,12 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
 
 @register("multi_worker", multi_process=True)
 def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
-                  cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
-                  task_index: Optional[int] = None,
+                  cluster: str = "auto", worker_hosts: tuple[str, ...] | None = None,
+                  task_index: int | None = None,
                   cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                   bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
-                  heartbeat_timeout: Optional[float] = None) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""
+                  heartbeat_timeout: float | None = None) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.multiworker import strategy
     from tfpar.multiworker.mirrored import MultiWorkerStrategy
 
@@ -104,14 +104,14 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
 
 @register("multi_worker_allreduce", multi_process=True)
 def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str = "auto",
-                            cluster: str = "auto", worker_hosts: Optional[tuple[str, ...]] = None,
-                            task_index: Optional[int] = None,
+                            cluster: str = "auto", worker_hosts: tuple[str, ...] | None = None,
+                            task_index: int | None = None,
                             cluster_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                             bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
                             gradient_compression: str = "none", accumulation_steps: int = 1,
-                            heartbeat_timeout: Optional[float] = None
+                            heartbeat_timeout: float | None = None
                             ) -> tf.distribute.Strategy:
-    """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""
+    """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.allreduce.strategy import MultiWorkerAllReduceStrategy
     from tfpar.multiworker import strategy
 

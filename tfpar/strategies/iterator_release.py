@@ -27,11 +27,12 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import tensorflow as tf
 
 from tfpar.compat import versions
+from tfpar.strategies.mixin_base import StrategyMixin
 
 # (major, minor) TensorFlow versions it applies to, inclusive: those tfpar supports (setup.cfg),
 # whose tf.distribute datasets are plain Python classes; measured on 2.21. Others keep
@@ -52,7 +53,7 @@ def _tensorflow_version() -> tuple[int, int]:
     return versions.major_minor(tf.__version__)
 
 
-def _skip_reason() -> Optional[str]:
+def _skip_reason() -> str | None:
     if os.environ.get(MODE_ENV, "") == "off":
         return f"{MODE_ENV}=off"
     low, high = VERIFIED_TENSORFLOW
@@ -75,7 +76,7 @@ class _Releaser:
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._dispatcher: Optional[threading.Thread] = None
+        self._dispatcher: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
         # Reentrant: a garbage collection inside put() may drop another iterator.
         self._lock = threading.RLock()
@@ -116,7 +117,8 @@ class _Releaser:
         self._stopped = True
         self._queue.put(None)
         deadline = time.monotonic() + _EXIT_TIMEOUT_SECONDS
-        self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
+        if self._dispatcher is not None:
+            self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
         for worker in list(self._workers):
             worker.join(max(0.0, deadline - time.monotonic()))
 
@@ -154,9 +156,9 @@ def release_in_background(iterator: Any) -> Any:
 
 
 @functools.cache
-def _releasing_class(cls: type) -> type:
+def _releasing_class(cls: Any) -> type:
     def __iter__(self):
-        iterator = super(releasing, self).__iter__()
+        iterator = cls.__iter__(self)
         return release_in_background(iterator) if tf.executing_eagerly() else iterator
 
     releasing = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
@@ -178,13 +180,13 @@ def releasing_iterators(dataset: Any) -> Any:
     if not applies() or getattr(dataset, "_tfpar_releases_iterators", False):
         return dataset
     try:
-        dataset.__class__ = _releasing_class(type(dataset))
+        dataset.__class__ = _releasing_class(dataset.__class__)
     except TypeError:  # A class whose layout forbids it: TensorFlow's behaviour, unchanged.
         pass
     return dataset
 
 
-class ReleasesIteratorsInBackground:
+class ReleasesIteratorsInBackground(StrategyMixin):
     """Mixin for a ``tf.distribute`` strategy: its distributed datasets' iterators are freed
     on background threads (see the module docstring), so ``fit`` and its epochs end when
     their last step does."""

@@ -30,6 +30,7 @@ import keras
 
 from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
+from tfpar.strategies.mixin_base import StrategyMixin
 
 
 def _inner_optimizer(model: keras.Model) -> Any:
@@ -45,7 +46,7 @@ def keras_accumulation_steps(model: keras.Model) -> int:
     return getattr(_inner_optimizer(model), "gradient_accumulation_steps", None) or 0
 
 
-class ChecksKerasOptimizerUpdate:
+class ChecksKerasOptimizerUpdate(StrategyMixin):
     """Mixin for a ``MirroredStrategy``-family strategy: a model's ``train_step`` (Keras's or
     its own) whose optimizer uses what Keras cannot apply under the strategy raises one line
     naming the alternative at the first step; gradient clipping on several replicas warns once.

@@ -28,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+from collections.abc import Callable
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING
+from typing import Any
 
 from tfpar.errors import RegistryError
 
@@ -62,7 +64,7 @@ class StrategyEntry:
     factory: Factory
     description: str = ""
     multi_process: bool = False
-    max_devices: Optional[int] = None
+    max_devices: int | None = None
     requires_gpu: bool = False
     logs_exact_loss: bool = True
 
@@ -77,10 +79,10 @@ _REGISTRY: dict[str, StrategyEntry] = {}
 _entry_points_loaded = False
 
 
-def register(name: str, factory: Optional[Factory] = None, *, description: str = "",
+def register(name: str, factory: Factory | None = None, *, description: str = "",
              multi_process: bool = False,
-             max_devices: Optional[int] = None, requires_gpu: bool = False,
-             logs_exact_loss: bool = True, override: bool = False):
+             max_devices: int | None = None, requires_gpu: bool = False,
+             logs_exact_loss: bool = True, override: bool = False) -> Any:
     """Registers a strategy factory under ``name``; usable as a decorator.
 
     Args:
@@ -198,7 +200,8 @@ def selection(strategy: tf.distribute.Strategy) -> Selection:
     return chosen
 
 
-def get(name: str, devices: devices_lib.DeviceSpec = 1, **options) -> tf.distribute.Strategy:
+def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
+        ) -> tf.distribute.Strategy:
     """Returns a ready strategy: the named entry built over ``devices``.
 
     The strategy carries what it was made from: ``strategy.tfpar`` is a :class:`Selection`.

@@ -29,9 +29,9 @@ Example::
         tf.test.main()
 """
 
+from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.case import ensure_devices
 from tfpar.testing.case import for_each_strategy
-from tfpar.testing.case import StrategyTestCase
 from tfpar.testing.datasets import tiny_dataset
 from tfpar.testing.reference_runs import fit_steps
 from tfpar.testing.tiny_model import tiny_model

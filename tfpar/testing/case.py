@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable
+from collections.abc import Iterable
 
 import keras
 import numpy as np
@@ -39,7 +40,7 @@ def ensure_devices(count: int) -> None:
             f"{count} in the [pytest] section of your config).") from None
 
 
-def _skip_reason(name: str, num_devices: int) -> Optional[str]:
+def _skip_reason(name: str, num_devices: int) -> str | None:
     entry = strategies.entry(name)
     if entry.multi_process:
         return (f"strategy {name!r} runs several worker processes; test it with "
@@ -47,7 +48,8 @@ def _skip_reason(name: str, num_devices: int) -> Optional[str]:
     if entry.max_devices is not None and num_devices > entry.max_devices:
         return f"strategy {name!r} runs on at most {entry.max_devices} device(s)"
     if entry.requires_gpu and devices.gpu_count() < num_devices:
-        return f"strategy {name!r} needs {num_devices} GPU(s); this machine has {devices.gpu_count()}"
+        return (f"strategy {name!r} needs {num_devices} GPU(s); this machine has "
+                f"{devices.gpu_count()}")
     if num_devices > devices.logical_cpu_count() and devices.gpu_count() < num_devices:
         return (f"{num_devices} devices asked for but only {devices.logical_cpu_count()} logical "
                 f"CPU devices exist; run pytest with --tfpar-devices={num_devices}")
@@ -55,7 +57,7 @@ def _skip_reason(name: str, num_devices: int) -> Optional[str]:
 
 
 def for_each_strategy(num_devices: Iterable[int] = (1, 2),
-                      names: Optional[Iterable[str]] = None) -> Callable:
+                      names: Iterable[str] | None = None) -> Callable:
     """Parameterises a test over registry strategies and device counts.
 
     The test receives ``strategy_name`` and ``num_devices``; cases are named
@@ -112,14 +114,15 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
             copies = [np.asarray(v) for v in
                       strategy.experimental_local_results(getattr(variable, "value", variable))]
             for replica, copy in enumerate(copies[1:], start=1):
-                self.assertAllClose(copies[0], copy, rtol=rtol, atol=atol,
-                                    msg=f"{variable.path}: replica {replica} differs from replica 0")
+                self.assertAllClose(
+                    copies[0], copy, rtol=rtol, atol=atol,
+                    msg=f"{variable.path}: replica {replica} differs from replica 0")
 
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
-                                  *, train: Optional[reference_runs.TrainFn] = None,
+                                  *, train: reference_runs.TrainFn | None = None,
                                   rtol: float = 1e-5, atol: float = 1e-6,
-                                  strategy_name: Optional[str] = None) -> None:
+                                  strategy_name: str | None = None) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
         ``model_fn`` is called twice: outside any strategy (the reference) and under

@@ -7,7 +7,7 @@ A training function ``train(model, dataset, strategy) -> losses`` trains ``model
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any
 
 from tfpar.errors import ConfigError
 
@@ -64,7 +64,7 @@ class TrainConfig:
     strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     model: str = "lenet"
     dataset: str = "fashion_mnist"
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
     batch_size: int = 64
     lr: float = 0.05
     scale_with_devices: bool = False
@@ -76,15 +76,15 @@ class TrainConfig:
     sync_batchnorm: bool = False
     verbose: int = 1
     chief_only_progress: bool = True
-    model_dir: Optional[str] = None
+    model_dir: str | None = None
     resume: bool = True
     deterministic: bool = False
     dtype: str = "float32"
     jit_compile: bool = False
     steps_per_execution: int = 1
-    profile_steps: Optional[tuple[int, int]] = None
+    profile_steps: tuple[int, int] | None = None
     profile_dir: str = "tfpar_profile"
-    logdir: Optional[str] = None
+    logdir: str | None = None
 
     def __post_init__(self):
         received = "Received: {argument}="

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -83,8 +85,8 @@ class RunResult:
 
 
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
-                     splits: Optional[loading.Splits] = None,
-                     strategy: Optional[tf.distribute.Strategy] = None,
+                     splits: loading.Splits | None = None,
+                     strategy: tf.distribute.Strategy | None = None,
                      callbacks: Sequence[keras.callbacks.Callback] = ()) -> RunResult:
     """Trains the configured model on one device set and evaluates it.
 
@@ -198,6 +200,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                  for k, vs in history.history.items()},
         is_chief=cluster.is_chief(strategy))
     if loss_guard.stopped:
+        assert loss_guard.epoch is not None and loss_guard.step is not None  # Set on a stop.
         raise NonFiniteLossError(
             f"Training stopped: the loss became {loss_guard.value} at epoch "
             f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
@@ -217,7 +220,7 @@ def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps
     return keras.optimizers.SGD(rate, momentum=config.momentum)
 
 
-def _resume_point(config: TrainConfig, checkpoint: Optional[EpochCheckpoint]) -> str:
+def _resume_point(config: TrainConfig, checkpoint: EpochCheckpoint | None) -> str:
     """Where a stopped run can resume from, in words."""
     if checkpoint is None:
         return "Nothing was saved (no model_dir); give one to resume a stopped job."
@@ -236,7 +239,7 @@ def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy
                       ) -> EpochCheckpoint:
     chosen = strategies.selection(strategy)
-    directory = run_folder(config.model_dir, chosen.name, len(chosen.devices))
+    directory = run_folder(config.model_dir or "", chosen.name, len(chosen.devices))
     made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                  "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
     checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
@@ -254,7 +257,7 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
 
 
 def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
-               on_result=None) -> list[RunResult]:
+               on_result: Callable[[RunResult], Any] | None = None) -> list[RunResult]:
     """Trains on every device set in turn (the dataset is loaded once).
 
     Every device set is resolved before TensorFlow runs anything, because the CPU cannot be
@@ -281,8 +284,8 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
     for root, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir")):
         for device_set in resolved if root else ():
             # The folder of each device set's run, which fit would fail to write into later.
-            atomic_io.check_writable_dir(run_folder(root, config.strategy, len(device_set)),
-                                         what)
+            atomic_io.check_writable_dir(
+                run_folder(root or "", config.strategy, len(device_set)), what)
     multi_worker_strategy = None
     if strategies.entry(config.strategy).multi_process:
         # Collective ops across processes must be set up before TensorFlow runs any op.
