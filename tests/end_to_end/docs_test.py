@@ -1,0 +1,111 @@
+"""Runs the code of README.md and of the guides in docs/ exactly as written.
+
+Every ``python`` block is marked ``<!-- test: name -->`` and runs in a fresh process (a block
+that defines a ``tf.test`` suite runs as a test file); every shell command of tfpar's scripts
+is checked for flags that the script defines.
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar import strategies
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "**",
+                                                                         "*.md"),
+                                                            recursive=True))]
+MARKED = re.compile(r"<!-- test: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
+SCRIPTS = {"train": "tfpar.cli.train", "benchmark": "tfpar.cli.benchmark",
+           "launch": "tfpar.cli.launch"}
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def marked_blocks() -> dict[str, str]:
+    """Every marked python block of the pages, by name."""
+    blocks = {}
+    for page in PAGES:
+        for name, code in MARKED.findall(read(page)):
+            assert name not in blocks, f"two blocks are marked {name}"
+            blocks[name] = code
+    return blocks
+
+
+def block(name: str) -> str:
+    return marked_blocks()[name]
+
+
+def run_python(code: str, cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+class DocsTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_every_python_block_is_marked_and_so_run(self):
+        for page in PAGES:
+            text = read(page)
+            self.assertEqual(text.count("```python"), len(MARKED.findall(text)),
+                             f"{page} has a python block without <!-- test: name -->")
+
+    def test_user_code_under_every_single_process_strategy(self):
+        code = block("user_code")
+        self.assertIn('"mirrored", devices=2', code)
+        # One process runs the block once per strategy (one-device entries on one device).
+        runs = []
+        for name, entry in ((n, strategies.entry(n)) for n in strategies.available()):
+            if entry.multi_process:
+                continue
+            devices = 1 if entry.max_devices == 1 else 2
+            runs.append(code.replace('"mirrored", devices=2', f'"{name}", devices={devices}')
+                        .replace("epochs=2", "epochs=1"))
+        result = run_python("\n".join(runs), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertLen(re.findall(r"'accuracy': ", result.stdout), len(runs))
+
+    def test_testing_example(self):
+        path = os.path.join(self.get_temp_dir(), "my_model_test.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(block("testing_example"))
+        result = subprocess.run([sys.executable, path], capture_output=True, text=True,
+                                timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertRegex(result.stderr, r"OK \(skipped=\d+\)")
+
+    @parameterized.parameters("allreduce_options", "epoch_checkpoint")
+    def test_guide_block(self, name):
+        result = run_python(block(name), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def test_shell_commands_use_flags_their_script_defines(self):
+        commands = []
+        for page in PAGES:
+            for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", read(page), re.DOTALL):
+                joined = shell.replace("\\\n", " ")
+                commands += re.findall(r"scripts/(train|benchmark|launch)\.py([^\n]*)", joined)
+        self.assertGreater(len(commands), 5)
+        defined = {}
+        for script, module in SCRIPTS.items():
+            listing = subprocess.run(
+                [sys.executable, "-c", f"import {module}; from absl import flags; "
+                 "print(' '.join(flags.FLAGS))"], capture_output=True, text=True, timeout=60)
+            defined[script] = set(listing.stdout.split())
+        for script, arguments in commands:
+            arguments = arguments.split(" -- ")[0]  # The launcher's command is checked alone.
+            for flag in re.findall(r"--(\w+)", arguments):
+                known = flag in defined[script] or (flag.startswith("no")
+                                                    and flag[2:] in defined[script])
+                self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
+
+
+if __name__ == "__main__":
+    tf.test.main()
