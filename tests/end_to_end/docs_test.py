@@ -81,7 +81,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertRegex(result.stderr, r"OK \(skipped=\d+\)")
 
-    @parameterized.parameters("allreduce_options", "epoch_checkpoint")
+    @parameterized.parameters("allreduce_options", "epoch_checkpoint", "own_steps")
     def test_guide_block(self, name):
         result = run_python(block(name), self.get_temp_dir())
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])

@@ -339,11 +339,13 @@ def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
     else:
         accumulators, update_grads, is_update_step = [], _clip(inner, grads), tf.constant(True)
     learning_rate = tf.identity(inner.learning_rate)
-    ema = keras_internals.moving_averages(inner) if inner.use_ema else []
-    iterations = tf.identity(inner.iterations)  # Keras's count: of updates, when accumulating.
-    momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
-    overwrite = (tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
-                 if inner.use_ema and inner.ema_overwrite_frequency else tf.constant(False))
+    ema, momentum, overwrite = [], None, None
+    if inner.use_ema:
+        ema = keras_internals.moving_averages(inner)
+        iterations = tf.identity(inner.iterations)  # Keras's count: of updates, if accumulating.
+        momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
+        if inner.ema_overwrite_frequency:
+            overwrite = tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
     decayed = ([keras_internals.uses_weight_decay(inner, v) for v in variables]
                if inner.weight_decay is not None else [False] * len(variables))
 
@@ -379,7 +381,7 @@ def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
                 update_variables()
             for variable, average in ema:
                 on_each(average, _moving_average, _tf_variable(variable), momentum)
-            if ema and inner.ema_overwrite_frequency:
+            if overwrite is not None:
                 tf.cond(first(overwrite), lambda: _overwrite_with(on_each, ema),
                         lambda: tf.constant(True))
             for variable in variables:
