@@ -9,7 +9,7 @@ import tensorflow as tf
 # import TensorFlow (flags, --help, listings).
 PROGRAMS = ("tfpar.cli.train", "tfpar.cli.benchmark", "tfpar.cli.launch", "tfpar.cli.env")
 TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.multiworker.cluster",
-                   "tfpar.multiworker.launcher", "tfpar.multiworker.strategy",
+                   "tfpar.multiworker.launcher", "tfpar.strategies.multi_worker_options",
                    "tfpar.training.config", "tfpar.data.catalog", "tfpar.benchmark.runner",
                    "tfpar.benchmark.report", "tfpar.env")
 
@@ -58,6 +58,31 @@ class LazyExportsTest(tf.test.TestCase):
 
         with self.assertRaisesRegex(AttributeError, "module 'tfpar.data' has no attribute 'lod'"):
             tfpar.data.lod  # noqa: B018
+
+
+
+class DeprecatedAliasesTest(tf.test.TestCase):
+    """Moved modules still import, for one minor version, with a warning naming the new place."""
+
+    def test_each_alias_warns_and_gives_the_moved_object(self):
+        for alias, new in (("tfpar.keras_fixes", "tfpar.compat.keras_fixes"),
+                           ("tfpar.allreduce.AllReduceStrategy", "tfpar.strategies.allreduce")):
+            module, _, name = alias.rpartition(".") if alias.endswith("Strategy") else (
+                alias, "", "")
+            code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+                    f"import {module}\n" + (f"{module}.{name}\n" if name else ""))
+            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    text=True, timeout=120)
+            self.assertNotEqual(result.returncode, 0, alias)
+            self.assertIn(f"is deprecated and will be removed in tfpar 0.3.0: use {new}",
+                          result.stderr)
+        # Without the warning turned into an error, the alias is the moved object.
+        code = ("import warnings; warnings.simplefilter('ignore')\n"
+                "import tfpar.allreduce, tfpar.strategies.allreduce as new\n"
+                "assert tfpar.allreduce.AllReduceStrategy is new.AllReduceStrategy\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
 
 
 if __name__ == "__main__":

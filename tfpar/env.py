@@ -12,6 +12,7 @@ still be split afterwards.
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 from importlib import metadata
@@ -95,9 +96,9 @@ def collect() -> dict[str, Any]:
 
     import tfpar
     from tfpar import devices
-    from tfpar import keras_fixes
     from tfpar import strategies
-    from tfpar.strategies import iterator_release
+    from tfpar.compat import iterator_release
+    from tfpar.compat import keras_fixes
 
     build = dict(tf.sysconfig.get_build_info())
     cores = os.cpu_count() or 1
@@ -150,6 +151,6 @@ def format_text(info: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    from tfpar.cli import env as env_cli
-
-    env_cli.run()
+    # `python -m tfpar.env` runs the program, which lives in tfpar.cli.env (the top layer);
+    # this module is the library it reports with, so it imports the program only by name.
+    importlib.import_module("tfpar.cli.env").run()

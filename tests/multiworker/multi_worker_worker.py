@@ -16,9 +16,9 @@ import time
 import keras
 import numpy as np
 
-from tfpar import keras_fixes
 from tfpar import strategies
 from tfpar import testing
+from tfpar.compat import keras_fixes
 from tfpar.multiworker.cluster import is_chief
 
 

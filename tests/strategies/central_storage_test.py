@@ -3,8 +3,8 @@
 import keras
 import tensorflow as tf
 
-from tfpar import keras_fixes
 from tfpar import testing
+from tfpar.compat import keras_fixes
 
 
 def classifier():

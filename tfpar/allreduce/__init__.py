@@ -1,10 +1,11 @@
-"""tfpar's hand-written data parallelism: all-reduce algorithms, the exact step, its strategies.
+"""tfpar's hand-written data parallelism: the step's options, all-reduce algorithms, the exact step.
 
 - :mod:`.options`: the step's options and their checks (no TensorFlow at import);
 - :mod:`.algorithms`: all-reduce algorithms (collective, naive, ring) over gradient buckets;
 - :mod:`.step`: the exact data-parallel training step that ``model.fit`` runs;
-- :mod:`.strategy`: the ``tf.distribute`` strategies that make ``fit`` run it (the
-  ``allreduce`` and ``multi_worker_allreduce`` registry entries).
+The strategies that make ``fit`` run it (the ``allreduce`` and ``multi_worker_allreduce``
+registry entries) are in :mod:`tfpar.strategies.allreduce`; ``tfpar.allreduce.AllReduceStrategy``
+and ``MultiWorkerAllReduceStrategy`` still work there, deprecated (removed in 0.3.0).
 """
 
 from tfpar import lazy_exports

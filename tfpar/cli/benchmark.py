@@ -20,7 +20,7 @@ from tfpar.benchmark import report as benchmark_report
 from tfpar.benchmark import runner
 from tfpar.cli import common
 from tfpar.errors import ConfigError
-from tfpar.multiworker import strategy as multiworker_strategy
+from tfpar.strategies import multi_worker_options
 from tfpar.training import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> None:
         if value < least:
             raise ConfigError(f"--{name} must be at least {least}. Received: --{name}={value}.")
     if any(strategies.entry(name).multi_process for name in FLAGS.strategies):
-        multiworker_strategy.check_steps_per_execution(FLAGS.steps_per_execution)
+        multi_worker_options.check_steps_per_execution(FLAGS.steps_per_execution)
     if FLAGS.batch_size < max(counts):
         raise ConfigError(f"--batch_size must be at least the largest device count "
                           f"({max(counts)}), so every replica gets an example. Received: "

@@ -25,8 +25,8 @@ from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.multiworker import cluster
 from tfpar.multiworker import launcher
-from tfpar.multiworker import strategy as multi_worker
 from tfpar.strategies import cross_device_ops
+from tfpar.strategies import multi_worker_options as multi_worker
 from tfpar.training import config as config_lib
 
 FLAGS = flags.FLAGS

@@ -9,7 +9,16 @@ against (:mod:`.versions`) and a test that fails without it:
   updates (iteration counter, gradient accumulators, EMA averages, weight-decay exclusions,
   the logged loss).
 
-:mod:`tfpar.keras_fixes` (wrappers of two ``fit`` internals) and
-:mod:`tfpar.strategies.iterator_release` (freeing ``tf.data`` iterators off the training
-thread) gate themselves with :mod:`.versions`.
+- :mod:`.keras_fixes`: wrappers of Keras's ``fit`` internals and of how its variables add under
+  ``central_storage``, installed by :func:`tfpar.strategies.get`;
+- :mod:`.iterator_release`: ``tf.data`` iterators freed off the training thread (the mixin every
+  strategy class of tfpar's inherits);
+- :mod:`.coordination`: the coordination service's heartbeat timeout (``heartbeat_timeout``).
+
+This package is the bottom layer of tfpar above :mod:`tfpar.errors`: it imports nothing else
+of tfpar.
 """
+
+from tfpar import lazy_exports
+
+lazy_exports.install(__name__)

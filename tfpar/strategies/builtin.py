@@ -75,7 +75,7 @@ def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = "collective",
                gradient_compression: str = "none", accumulation_steps: int = 1,
                cross_device_ops: str = "auto") -> tf.distribute.Strategy:
     """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""  # noqa: E501 (one line: --list_strategies shows it)
-    from tfpar.allreduce.strategy import AllReduceStrategy
+    from tfpar.strategies.allreduce import AllReduceStrategy
     from tfpar.strategies.cross_device_ops import make_cross_device_ops
 
     return AllReduceStrategy(
@@ -92,8 +92,8 @@ def _multi_worker(devices: devices_lib.DeviceSet, implementation: str = "auto",
                   bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
                   heartbeat_timeout: float | None = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""  # noqa: E501 (one line: --list_strategies shows it)
-    from tfpar.multiworker import strategy
-    from tfpar.multiworker.mirrored import MultiWorkerStrategy
+    from tfpar.strategies import multi_worker as strategy
+    from tfpar.strategies.multi_worker import MultiWorkerStrategy
 
     # TensorFlow packs the gradients from the last layer to the first into buckets of this
     # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
@@ -112,8 +112,8 @@ def _multi_worker_allreduce(devices: devices_lib.DeviceSet, implementation: str 
                             heartbeat_timeout: float | None = None
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""  # noqa: E501 (one line: --list_strategies shows it)
-    from tfpar.allreduce.strategy import MultiWorkerAllReduceStrategy
-    from tfpar.multiworker import strategy
+    from tfpar.strategies import multi_worker as strategy
+    from tfpar.strategies.allreduce import MultiWorkerAllReduceStrategy
 
     return strategy.make(MultiWorkerAllReduceStrategy, devices, implementation, cluster,
                          worker_hosts, task_index, cluster_timeout,

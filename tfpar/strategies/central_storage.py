@@ -14,7 +14,7 @@ class CentralStorageStrategy(ChecksKerasOptimizerUpdate, ReleasesIteratorsInBack
     (:mod:`.optimizer_checks`) and frees its input iterators in the background.
 
     Keras 3's metrics (the logged loss and metrics, ``evaluate``, validation) count right
-    under it through :mod:`tfpar.keras_fixes` (``aggregating_assign_add``).
+    under it through :mod:`tfpar.compat.keras_fixes` (``aggregating_assign_add``).
     """
 
     assigns_need_aggregation = True

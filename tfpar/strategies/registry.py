@@ -223,7 +223,7 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
     import tensorflow as tf  # Imported here: listing and checking entries does not need it.
 
     from tfpar import devices as devices_lib
-    from tfpar import keras_fixes
+    from tfpar.compat import keras_fixes
     from tfpar.multiworker import cluster as cluster_lib
 
     chosen = entry(name)

@@ -1,44 +1,49 @@
-"""Building a multi-worker strategy: options checked, peers awaited, threads set, then connected.
+"""The ``multi_worker`` strategies: the class that refuses, with its reason, what Keras cannot
+run across workers, and :func:`make`, which builds a multi-worker strategy (options checked,
+peers awaited, threads set, then connected) for the ``multi_worker`` and
+``multi_worker_allreduce`` entries.
 
-The ``multi_worker`` and ``multi_worker_allreduce`` entries (:mod:`tfpar.strategies.builtin`)
-build their strategies here. No TensorFlow at import (the command line reads
-:data:`IMPLEMENTATIONS`).
+:class:`RefusesMultiStepExecution` is shared with tfpar's own multi-worker step
+(:class:`tfpar.strategies.allreduce.MultiWorkerAllReduceStrategy`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import keras
+import tensorflow as tf
 
+from tfpar import devices as devices_lib
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.compat import coordination
 from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
 from tfpar.multiworker import cluster as cluster_lib
-
-if TYPE_CHECKING:
-    import tensorflow as tf
-
-    from tfpar import devices as devices_lib
-
-IMPLEMENTATIONS = ("auto", "ring", "nccl")
+from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
+from tfpar.strategies.mixin_base import StrategyMixin
+from tfpar.strategies.multi_worker_options import IMPLEMENTATIONS
+from tfpar.strategies.multi_worker_options import check_steps_per_execution
+from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
 
 
-def check_steps_per_execution(steps_per_execution: int) -> None:
-    """Raises for several training steps per compiled call across workers.
+class RefusesMultiStepExecution(StrategyMixin):
+    """Mixin for a multi-worker ``tf.distribute`` strategy: a Keras step of a model compiled
+    with ``steps_per_execution > 1`` raises tfpar's one-line reason (see
+    :func:`~tfpar.strategies.multi_worker_options.check_steps_per_execution`) instead of
+    failing deep in TensorFlow."""
 
-    Keras runs them in a ``tf.while_loop`` whose steps sit in a ``tf.cond``; with a
-    cross-worker collective inside, TensorFlow 2.21 fails at the first call ("You must feed a
-    value for placeholder tensor 'while/cond/Placeholder'", for Keras's own step and tfpar's
-    alike; keras-team/keras#19246). Refused before any work instead.
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """``Strategy.run``, after checking the steps per execution of a Keras model's step."""
+        model = getattr(fn, "__self__", None)
+        if (isinstance(model, keras.Model)
+                and self.num_replicas_in_sync != len(self.extended.worker_devices)):
+            check_steps_per_execution(model.steps_per_execution)
+        return super().run(fn, args=args, kwargs=kwargs, options=options)
 
-    Raises:
-        ConfigError: If ``steps_per_execution`` is above 1.
-    """
-    if steps_per_execution > 1:
-        raise ConfigError("{argument} > 1 does not run across workers (TensorFlow 2.21 / Keras "
-                          "3.15 fail inside Keras's multi-step loop, keras-team/keras#19246). "
-                          f"Use {{argument}}=1 with multi-worker strategies. Received: "
-                          f"{{argument}}={steps_per_execution}.", argument="steps_per_execution")
+
+class MultiWorkerStrategy(RefusesMultiStepExecution, ChecksKerasOptimizerUpdate,
+                          ReleasesIteratorsInBackground, tf.distribute.MultiWorkerMirroredStrategy):
+    """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run and
+    frees its input iterators in the background."""
 
 
 def _leave_a_thread_for_collectives() -> None:
@@ -52,8 +57,6 @@ def _leave_a_thread_for_collectives() -> None:
     core per worker the extra thread contended with the compute and cost more than the overlap
     gave (0.82 against 0.88 of the no-communication ceiling).
     """
-    import tensorflow as tf
-
     try:
         if (tf.config.threading.get_inter_op_parallelism_threads() == 1
                 and tf.config.threading.get_intra_op_parallelism_threads() >= 2):
@@ -90,8 +93,6 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
         ConfigError: For a bad timeout or bucket size.
         ClusterError: If the cluster spec is malformed or the peers do not come up.
     """
-    import tensorflow as tf  # The registry's modules import no TensorFlow at import.
-
     if implementation not in IMPLEMENTATIONS:
         raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
                             f"{', '.join(IMPLEMENTATIONS)}.")

@@ -10,12 +10,12 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
-from tfpar import keras_fixes
 from tfpar import strategies
 from tfpar import testing
+from tfpar.compat import keras_fixes
 from tfpar.multiworker import launcher
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multiworker",
                       "multi_worker_worker.py")
 
 

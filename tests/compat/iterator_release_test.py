@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar import testing
-from tfpar.strategies import iterator_release
+from tfpar.compat import iterator_release
 
 # The entries tfpar builds a strategy class for, in this process ("default" is TensorFlow's).
 ENTRIES = ("one_device", "mirrored", "central_storage", "allreduce")

@@ -1,0 +1,234 @@
+"""Fixes for three defects of Keras 3 under ``tf.distribute``, installed by tfpar.
+
+1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
+   strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
+   batch, *averaged across replicas* (``strategy.reduce("MEAN", batch)``) just to learn the
+   input shapes. That crashes under ``MirroredStrategy`` when the first batch does not split
+   evenly over the replicas (``AddN ... must have the same size and shape``, e.g. a batch of 5
+   on 2 devices), and under ``MultiWorkerMirroredStrategy`` always (``Attempt to convert a
+   value (PerReplica...)``, keras-team/keras#20585, tensorflow/tensorflow#72388). The fix hands
+   Keras's own method the first local replica's shard as ``data_batch`` instead.
+2. **Scalar logs across workers** (``reduce_per_replica``). Keras averages per-replica logs
+   of a multi-worker strategy with ``strategy.reduce("MEAN", v, axis=0)``; a scalar has no axis
+   0 (``Invalid reduction dimension 0 for input with 0 dimensions``), so ``fit`` stops after
+   the first step. The fix reduces scalars with ``axis=None``, all of a dtype in one
+   collective (Keras would issue one per log per step), returns values the strategy says are
+   global already (``strategy.is_global_value``: the all-reduce step's logs) as they are, and
+   leaves everything else to Keras's own function.
+
+3. **Metrics under ``central_storage``** (``Variable.assign_add``/``assign_sub`` of Keras's
+   TensorFlow backend). Keras 3 adds to a variable by assigning it ``self + value``: a read,
+   then a write. ``CentralStorageStrategy`` keeps one copy of a metric's variables and sums
+   what every replica assigns, so each step adds the old total once per replica: after three
+   steps of a ``Mean`` on two replicas the count was 14 instead of 6, and ``fit``'s logged
+   loss and metrics, ``evaluate`` (Keras's ``test_step`` or a model's own) and validation were
+   wrong. The fix adds through TensorFlow's own ``assign_add``/``assign_sub`` there, which the
+   strategy sums as increments; everywhere else Keras's code runs.
+
+No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
+or how its variables add, so the fixes wrap these private attributes of
+``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only
+where its defect is (several replicas; several workers; central storage) and calls Keras's own
+code everywhere else.
+
+They are applied only on the Keras versions they were verified against
+(:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
+says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
+DEVELOPERS.md), ``=off`` never. :func:`tfpar.strategies.get` installs them when it builds a
+strategy of more than one replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+from keras import tree
+
+from tfpar.compat import versions
+
+# The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
+# to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
+VERIFIED_KERAS = versions.VERIFIED_KERAS
+MODE_ENV = versions.KERAS_MODE_ENV
+
+
+def _tf_trainer() -> Any:
+    """Keras's TensorFlow trainer module. See the module docstring: no public API serves; it
+    is imported only behind the version gate (:func:`skip_reason`), and each fix has a test
+    that fails without it (tests/keras_fixes_test.py)."""
+    return importlib.import_module("keras.src.backend.tensorflow.trainer")
+
+
+def _several_workers(strategy: tf.distribute.Strategy) -> bool:
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.num_replicas_in_sync != len(strategy.extended.worker_devices))
+
+
+def _wrap_symbolic_build(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or strategy is None or strategy.num_replicas_in_sync == 1:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        for _, _, it in iterator:
+            data_batch = tree.map_structure(
+                lambda v: (strategy.experimental_local_results(v)[0]
+                           if isinstance(v, tf.distribute.DistributedValues) else v),
+                next(it))
+            break
+        return original(self, data_batch=data_batch)
+
+    return maybe_symbolic_build
+
+
+def _wrap_reduce_per_replica(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _several_workers(strategy):
+            return original(values, strategy, reduction)
+        is_global = getattr(strategy, "is_global_value", lambda v: False)
+        flat = tree.flatten(values)
+        reduced = [v if is_global(v) else None for v in flat]
+        scalars: dict[tf.DType, list[int]] = {}
+        for i, v in enumerate(flat):
+            if reduced[i] is not None:
+                continue
+            # With one local replica, per-replica values arrive as plain tensors.
+            local = strategy.experimental_local_results(v)[0]
+            if tf.is_tensor(local) and local.shape.rank == 0:
+                scalars.setdefault(local.dtype, []).append(i)
+            else:
+                reduced[i] = original(v, strategy, reduction)
+        # Every scalar log of a dtype in one collective (Keras: one each), since a collective
+        # across workers costs 1-2 ms of latency and CPU however small it is.
+        for indices in scalars.values():
+            stacked = strategy.run(lambda *logs: tf.stack(logs),
+                                   args=tuple(flat[i] for i in indices))
+            means = tf.unstack(strategy.reduce("MEAN", stacked, axis=None), len(indices))
+            for i, mean in zip(indices, means):
+                reduced[i] = mean
+        return tree.pack_sequence_as(values, reduced)
+
+    return reduce_per_replica
+
+
+def _tf_core() -> Any:
+    """Keras's TensorFlow variable module (imported behind the gate, as :func:`_tf_trainer`)."""
+    return importlib.import_module("keras.src.backend.tensorflow.core")
+
+
+def _wrap_aggregating_add(original: Callable, method: str) -> Callable:
+    @functools.wraps(original)
+    def add(self, value):
+        variable = self._value
+        if (tf.distribute.in_cross_replica_context()
+                or not isinstance(tf.distribute.get_strategy(),
+                                  tf.distribute.experimental.CentralStorageStrategy)
+                or getattr(variable, "aggregation", None) in (None, tf.VariableAggregation.NONE)):
+            return original(self, value)
+        return getattr(variable, method)(tf.cast(value, variable.dtype))
+
+    return add
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One fix: which attribute of which object it wraps, and how.
+
+    Attributes:
+        name: Short name (``tfpar-env`` shows it).
+        description: What it fixes, in one line.
+        owner: Returns the object whose attribute is wrapped.
+        attribute: The attribute.
+        wrap: Returns the wrapper of the original.
+    """
+
+    name: str
+    description: str
+    owner: Callable[[], Any]
+    attribute: str
+    wrap: Callable[[Callable], Callable]
+
+
+FIXES = (
+    Fix("symbolic_build", "fit/evaluate build the model from one replica's shard, not a "
+        "cross-replica mean (uneven batches; multi_worker)",
+        lambda: _tf_trainer().TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
+    Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None, "
+        "in one collective; logs global already are not reduced again",
+        _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+    Fix("aggregating_assign_add", "metric variables under central_storage add increments, "
+        "not each replica's read-then-write (loss, metrics, evaluate)",
+        lambda: _tf_core().Variable, "assign_add",
+        functools.partial(_wrap_aggregating_add, method="assign_add")),
+    Fix("aggregating_assign_sub", "the same for assign_sub",
+        lambda: _tf_core().Variable, "assign_sub",
+        functools.partial(_wrap_aggregating_add, method="assign_sub")),
+)
+
+_originals: dict[str, Callable] = {}
+_skipped: list[str] = []  # Why the fixes were not applied, once known.
+
+
+def skip_reason() -> str | None:
+    """Why the fixes would not be applied on this Keras (``None``: they would)."""
+    reason = versions.keras_skip_reason(keras.version())
+    if reason:
+        return reason
+    try:
+        missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
+    except ImportError as e:
+        return f"Keras {keras.version()} has no {e.name}"
+    if missing:
+        return f"Keras {keras.version()} has no {', '.join(missing)}"
+    return None
+
+
+def install(names: tuple[str, ...] | None = None) -> None:
+    """Installs the fixes (all, or those named), once; idempotent.
+
+    On a Keras they were not verified against, warns once and installs nothing.
+    """
+    reason = skip_reason()
+    if reason:
+        if not _skipped:
+            _skipped.append(reason)
+            logging.warning("tfpar's fixes for Keras fit under tf.distribute are not applied: "
+                            "%s. Uneven batches under 'mirrored' and fit under multi_worker may "
+                            "fail.", reason)
+        return
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name not in _originals:
+            owner = fix.owner()
+            _originals[fix.name] = getattr(owner, fix.attribute)
+            setattr(owner, fix.attribute, fix.wrap(_originals[fix.name]))
+
+
+def uninstall(names: tuple[str, ...] | None = None) -> None:
+    """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name in _originals:
+            setattr(fix.owner(), fix.attribute, _originals.pop(fix.name))
+
+
+def installed() -> bool:
+    """Returns whether every fix is installed."""
+    return all(fix.name in _originals for fix in FIXES)
+
+
+def status() -> dict[str, Any]:
+    """What ``tfpar-env`` reports: Keras's version, the verified range, whether the fixes
+    apply, each fix."""
+    reason = skip_reason()
+    return {"keras": keras.version(),
+            "verified_with_keras": versions.keras_range_text(),
+            "applied": (f"no: {reason}" if reason else
+                        "yes, by tfpar.strategies.get for strategies of several replicas"),
+            "fixes": {f.name: f.description for f in FIXES}}
