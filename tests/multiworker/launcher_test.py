@@ -21,6 +21,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+def signal_worker_after(launch: subprocess.Popen, saved_line: str,
+                        signum: int) -> tuple[list[str], int]:
+    """Reads the job's output up to ``saved_line``, then sends ``signum`` to its worker 1 (the
+    launcher's last child); returns the lines read and the worker's process id."""
+    seen = []
+    for line in launch.stdout:
+        seen.append(line)
+        if saved_line in line:
+            break
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(launch.pid)],
+                                              capture_output=True, text=True).stdout.split()]
+    assert len(workers) == 2, workers
+    os.kill(max(workers), signum)
+    return seen, max(workers)
+
+
 class LauncherTest(tf.test.TestCase):
 
     def test_a_failing_worker_stops_the_others(self):
@@ -71,16 +87,9 @@ class LauncherTest(tf.test.TestCase):
 
         killed_dir = os.path.join(self.get_temp_dir(), "killed")
         restarted = job(killed_dir, max_restarts=2)
-        seen = []
         try:
-            for line in restarted.stdout:
-                seen.append(line)
-                if "Saved training state after epoch 2 " in line:
-                    break
-            workers = [int(p) for p in subprocess.run(
-                ["pgrep", "-P", str(restarted.pid)], capture_output=True,
-                text=True).stdout.split()]
-            os.kill(max(workers), signal.SIGKILL)
+            seen, _ = signal_worker_after(restarted, "Saved training state after epoch 2 ",
+                                          signal.SIGKILL)
             output = "".join(seen) + restarted.communicate(timeout=300)[0]
         finally:
             restarted.kill()
@@ -259,16 +268,10 @@ class LauncherTest(tf.test.TestCase):
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
         process = subprocess.Popen(command + ["--epochs=1000"], stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env=env)
-        seen = []
         try:
-            for line in process.stdout:
-                seen.append(line)
-                if "Saved training state after epoch 2 " in line:
-                    break
-            workers = [int(p) for p in subprocess.run(
-                ["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()]
-            self.assertLen(workers, 2)
-            os.kill(max(workers), signal.SIGTERM)  # One worker, as a scheduler would.
+            # One worker, as a scheduler would.
+            seen, _ = signal_worker_after(process, "Saved training state after epoch 2 ",
+                                          signal.SIGTERM)
             rest = process.communicate(timeout=60)[0]
         finally:
             process.kill()
@@ -303,13 +306,8 @@ class LauncherTest(tf.test.TestCase):
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         stopped = []
         try:
-            for line in process.stdout:
-                if "Saved training state after epoch 1 " in line:
-                    break
-            workers = [int(p) for p in subprocess.run(
-                ["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()]
-            os.kill(max(workers), signal.SIGSTOP)
-            stopped.append(max(workers))
+            stopped.append(signal_worker_after(process, "Saved training state after epoch 1 ",
+                                               signal.SIGSTOP)[1])
             start, rest = time.monotonic(), []
             for line in process.stdout:  # Until worker 0 says why it stops.
                 rest.append(line)

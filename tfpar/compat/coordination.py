@@ -19,8 +19,9 @@ import importlib
 from tfpar.compat import versions
 from tfpar.errors import ConfigError
 
-# The TensorFlow versions whose strategy configures the service as copied below, inclusive.
-VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
+# The TensorFlow versions whose strategy configures the service as copied below: the range every
+# TensorFlow workaround shares.
+VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
 COORDINATED_JOBS = ("chief", "worker")
 
 
@@ -53,12 +54,11 @@ def configure_heartbeat_timeout(cluster_spec, seconds: float | None) -> None:
         return
     import tensorflow as tf
 
-    low, high = VERIFIED_TENSORFLOW
-    if not low <= versions.major_minor(tf.__version__) <= high:
+    if not versions.tensorflow_verified(tf.__version__):
         raise ConfigError(
             f"{{argument}} is set through TensorFlow internals verified on TensorFlow "
-            f"{low[0]}.{low[1]} to {high[0]}.{high[1]}; this is {tf.__version__}. Leave it "
-            "unset (TensorFlow's default, 10 s).", argument="heartbeat_timeout")
+            f"{versions.tensorflow_range_text()}; this is {tf.__version__}. Leave it unset "
+            "(TensorFlow's default, 10 s).", argument="heartbeat_timeout")
     context = importlib.import_module("tensorflow.python.eager.context").context()
     if context.coordination_service is not None:
         return  # Configured already (a second strategy in this process): TensorFlow's rule.

@@ -34,10 +34,10 @@ import tensorflow as tf
 
 from tfpar.compat import versions
 
-# (major, minor) TensorFlow versions it applies to, inclusive: those tfpar supports (setup.cfg),
-# whose tf.distribute datasets are plain Python classes; measured on 2.21. Others keep
-# TensorFlow's behaviour.
-VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
+# The TensorFlow versions it applies to (those tfpar supports, whose tf.distribute datasets are
+# plain Python classes; measured on 2.21): the range every TensorFlow workaround shares. Others
+# keep TensorFlow's behaviour.
+VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
 
 MODE_ENV = "TFPAR_ITERATOR_RELEASE"  # "off": TensorFlow's behaviour (free where dropped).
 

@@ -11,6 +11,9 @@ import os
 # against, inclusive: the code they rely on is unchanged from 3.0 to 3.15 (read in their
 # sources); the suite ran on 3.15.1. setup.cfg caps Keras at the same release.
 VERIFIED_KERAS = ((3, 0), (3, 15))
+# (major, minor) versions of TensorFlow the TensorFlow workarounds were verified against,
+# inclusive: those setup.cfg allows (measured on 2.21).
+VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
 # "force": use the workarounds on any Keras (to check a new release, see DEVELOPERS.md);
 # "off": never. Unset: only on VERIFIED_KERAS.
 KERAS_MODE_ENV = "TFPAR_KERAS_FIXES"
@@ -33,6 +36,18 @@ def major_minor(version: str) -> tuple[int, int]:
 def keras_range_text() -> str:
     """The verified Keras range as text, e.g. ``"3.0 to 3.15"``."""
     (low, high) = VERIFIED_KERAS
+    return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+
+
+def tensorflow_verified(tensorflow_version: str) -> bool:
+    """Whether ``tensorflow_version`` is in :data:`VERIFIED_TENSORFLOW`."""
+    low, high = VERIFIED_TENSORFLOW
+    return low <= major_minor(tensorflow_version) <= high
+
+
+def tensorflow_range_text() -> str:
+    """The verified TensorFlow range as text, e.g. ``"2.16 to 2.21"``."""
+    (low, high) = VERIFIED_TENSORFLOW
     return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
 
 
