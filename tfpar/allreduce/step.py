@@ -209,16 +209,9 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     """
     check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    loss_scale = (model.optimizer if isinstance(
-        model.optimizer, keras.optimizers.LossScaleOptimizer) else None)
-    inner = _inner(model.optimizer)
-    # A fixed loss scale (the optimizer's loss_scale_factor) is applied as Keras's step does:
-    # to the loss before the backward pass, and divided out of the gradient.
-    loss_scale_factor = inner.loss_scale_factor
-    context = tf.distribute.get_replica_context()
+    step = _ReplicaStep(model, options)
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
-    wire = _WIRE_DTYPES[options.gradient_compression]
     # fp16 has too little range for a sum of losses' gradients: they are divided by the global
     # count before the cast, so the count needs a reduction of its own, issued before the
     # model runs (and needed only after the backward pass). Otherwise the count travels in the
@@ -226,131 +219,197 @@ def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]
     total = (algorithms.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
                                        options.bytes_per_pack)[0][0]
              if options.gradient_compression == "fp16" else None)
-    variables = model.trainable_variables
-    present: list[int] = []  # Indices of the variables that get a gradient (once traced).
+    grads = step.local_gradients(x, y, sample_weight, count)
+    reduced_grads, reduced_states = step.all_reduce(grads, count, total)
+    # Identical on every replica, since the gradients were all-reduced. Only loss scaling
+    # needs it (it is a pass over every gradient).
+    finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
+              if step.loss_scale is not None else tf.constant(True))
+    _apply(model.optimizer, [step.variables[i] for i in step.present], reduced_grads, finite)
+    return step.logs(reduced_states)
 
-    def forward_backward(x, y, sample_weight, count):
+
+class _ReplicaStep:
+    """One replica's part of a traced step: what it trains with, and its phases (local
+    gradients, their all-reduce, the logs).
+
+    Attributes:
+        variables: The model's trainable variables.
+        present: Indices of the variables that get a gradient (known once traced).
+        loss_scale: The ``LossScaleOptimizer``, if the model's optimizer is one.
+    """
+
+    def __init__(self, model: keras.Model, options: StepOptions):
+        self.model, self.options = model, options
+        self.loss_scale = (model.optimizer if isinstance(
+            model.optimizer, keras.optimizers.LossScaleOptimizer) else None)
+        # A fixed loss scale (the optimizer's loss_scale_factor) is applied as Keras's step
+        # does: to the loss before the backward pass, and divided out of the gradient.
+        self.loss_scale_factor = _inner(model.optimizer).loss_scale_factor
+        self.variables = model.trainable_variables
+        self.present: list[int] = []
+        self._metric_states: list[list] = []  # Read after the forward passes updated them.
+
+    def local_gradients(self, x, y, sample_weight, count: tf.Tensor) -> list:
+        """The gradient of the sum of this replica's examples' losses, micro-batch by
+        micro-batch (``accumulation_steps``), summed locally."""
+        grads: list = []
+        synchronizes = _synchronizes(self.model)
+        for micro, micro_count in _micro_batches((x, y, sample_weight), count,
+                                                 self.options.accumulation_steps):
+            micro_x, micro_y, micro_weight = micro
+
+            def run_micro_batch(x=micro_x, y=micro_y, weight=micro_weight, n=micro_count):
+                return self._forward_backward(x, y, weight, n)
+
+            # One micro-batch after the other: the next starts once this one's gradients exist.
+            with tf.control_dependencies(grads):
+                if synchronizes:
+                    # Layers that all-reduce inside the forward pass (synchronized
+                    # BatchNormalization) cannot sit in a conditional branch.
+                    step_grads = run_micro_batch()
+                else:
+                    # tf.cond traces the forward pass first, which fills `present`.
+                    step_grads = tf.cond(micro_count > 0, run_micro_batch, self._empty_shard)
+            grads = [a + b for a, b in zip(grads, step_grads)] if grads else step_grads
+        return grads
+
+    def _forward_backward(self, x, y, sample_weight, count) -> list:
+        model, loss_scale = self.model, self.loss_scale
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             mean = tf.cast(_local_mean_loss(model, x, y, y_pred, sample_weight), tf.float32)
             objective = mean * count
-            if loss_scale_factor and loss_scale is None:
-                objective = objective * loss_scale_factor
+            if self.loss_scale_factor and loss_scale is None:
+                objective = objective * self.loss_scale_factor
             if loss_scale is not None:
                 # In float16 the backward pass of a loss *sum* overflows where Keras's mean
                 # does not: shrink it to about a mean first (by this replica's share of the
                 # global batch) and undo that in float32 below, so the sum stays exact.
-                shrink = 1.0 / (tf.maximum(count, 1.0) * context.num_replicas_in_sync)
+                replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+                shrink = 1.0 / (tf.maximum(count, 1.0) * replicas)
                 objective = loss_scale.scale_loss(objective * shrink)
-        grads = tape.gradient(objective, variables)
+        grads = tape.gradient(objective, self.variables)
         if loss_scale is not None:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
-        if not present:
-            present.extend(i for i, g in enumerate(grads) if g is not None)
+        if not self.present:
+            self.present.extend(i for i, g in enumerate(grads) if g is not None)
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
         # mean. No public API updates the loss Keras logs (tfpar.compat.keras_internals).
         keras_internals.loss_tracker(model).update_state(mean, sample_weight=count)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return [grads[i] for i in present]
+        return [grads[i] for i in self.present]
 
-    def empty_shard():
+    def _empty_shard(self) -> list:
         # A replica with no examples (a batch smaller than the number of replicas) adds
         # nothing; it must not run the model (TensorFlow's CPU convolution backward fails on
         # an empty batch).
-        return [tf.zeros_like(variables[i]) for i in present]
+        return [tf.zeros_like(self.variables[i]) for i in self.present]
 
-    grads: list = []
-    synchronizes = _synchronizes(model)
-    for micro, micro_count in _micro_batches((x, y, sample_weight), count,
-                                             options.accumulation_steps):
-        micro_x, micro_y, micro_weight = micro
-
-        def run_micro_batch(x=micro_x, y=micro_y, weight=micro_weight, n=micro_count):
-            return forward_backward(x, y, weight, n)
-
-        # One micro-batch after the other: the next starts once this one's gradients exist.
-        with tf.control_dependencies(grads):
-            if synchronizes:
-                # Layers that all-reduce inside the forward pass (synchronized
-                # BatchNormalization) cannot sit in a conditional branch.
-                step_grads = run_micro_batch()
-            else:
-                # tf.cond traces forward_backward first, which fills `present`.
-                step_grads = tf.cond(micro_count > 0, run_micro_batch, empty_shard)
-        grads = [a + b for a, b in zip(grads, step_grads)] if grads else step_grads
-
-    def scaled(grads, total):
+    def _scaled(self, grads: list, total: tf.Tensor) -> list:
         # Every replica scales by the same factors (1 / the global count, 1 / the loss
         # scale), so scaling before or after the sum is exact; fp16 scales before (into its
         # range), the others after (with the count from the last bucket).
         scale = 1.0 / tf.maximum(total, 1.0)
-        if loss_scale is not None:
-            scale /= tf.cast(loss_scale.dynamic_scale, scale.dtype)
-        if loss_scale_factor:
-            scale /= loss_scale_factor
+        if self.loss_scale is not None:
+            scale /= tf.cast(self.loss_scale.dynamic_scale, scale.dtype)
+        if self.loss_scale_factor:
+            scale /= self.loss_scale_factor
         return [g * tf.cast(scale, g.dtype) for g in grads]
 
-    sent = scaled(grads, total) if total is not None else grads
-    if wire is not None:
-        sent = [tf.cast(g, wire) if g.dtype.is_floating else g for g in sent]
-    # The metrics' states (the epoch's running totals of this replica) travel with the
-    # gradients: summed, they are the global batch's.
-    metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
-    flat_states = [value for states in metric_states for value in states]
-    tail = flat_states + ([tf.reshape(count, [1])] if total is None else [])
-    # From the last layer to the first: the order the backward pass produces them in.
-    reduced = algorithms.all_reduce_sum(sent[::-1] + tail, options.algorithm,
-                                       options.bytes_per_pack)
-    reduced_grads = [tf.cast(r, g.dtype) for r, g in zip(reduced[:len(sent)][::-1], grads)]
-    reduced_states = reduced[len(sent):len(sent) + len(flat_states)]
-    if total is None:
-        reduced_grads = scaled(reduced_grads, reduced[-1][0])
-    # Identical on every replica, since the gradients were all-reduced. Only loss scaling
-    # needs it (it is a pass over every gradient).
-    finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
-              if loss_scale is not None else tf.constant(True))
-    _apply(model.optimizer, [variables[i] for i in present], reduced_grads, finite)
-    # The logs are the global batch's on every replica (Keras's step logs the mean of the
-    # replicas' own results, which is not the global figure when shards differ in size).
-    logs, start = {}, 0
-    for metric, states in zip(model.metrics, metric_states):
-        result = metric.stateless_result(reduced_states[start:start + len(states)])
-        start += len(states)
-        logs.update(result if isinstance(result, dict) else {metric.name: result})
-    return logs
+    def all_reduce(self, grads: list, count: tf.Tensor, total: tf.Tensor | None
+                   ) -> tuple[list, list]:
+        """All-reduces the gradients (in buckets, last layer first) with the metrics' states
+        and, unless ``total`` is known already, the example count in the last bucket.
+
+        Returns:
+            The global gradient (divided by the global count) and the metrics' global states.
+        """
+        options = self.options
+        sent = self._scaled(grads, total) if total is not None else grads
+        wire = _WIRE_DTYPES[options.gradient_compression]
+        if wire is not None:
+            sent = [tf.cast(g, wire) if g.dtype.is_floating else g for g in sent]
+        # The metrics' states (the epoch's running totals of this replica, this step's
+        # included) travel with the gradients: summed, they are the global batch's.
+        self._metric_states = [[v.value for v in metric.variables]
+                               for metric in self.model.metrics]
+        flat_states = [value for states in self._metric_states for value in states]
+        tail = flat_states + ([tf.reshape(count, [1])] if total is None else [])
+        # From the last layer to the first: the order the backward pass produces them in.
+        reduced = algorithms.all_reduce_sum(sent[::-1] + tail, options.algorithm,
+                                           options.bytes_per_pack)
+        reduced_grads = [tf.cast(r, g.dtype) for r, g in zip(reduced[:len(sent)][::-1], grads)]
+        if total is None:
+            reduced_grads = self._scaled(reduced_grads, reduced[-1][0])
+        return reduced_grads, reduced[len(sent):len(sent) + len(flat_states)]
+
+    def logs(self, reduced_states: list) -> dict[str, Any]:
+        """The metrics of the global batch (the same on every replica; Keras's step logs the
+        mean of the replicas' own results, which is not the global figure when shards differ
+        in size)."""
+        logs, start = {}, 0
+        for metric, states in zip(self.model.metrics, self._metric_states):
+            result = metric.stateless_result(reduced_states[start:start + len(states)])
+            start += len(states)
+            logs.update(result if isinstance(result, dict) else {metric.name: result})
+        return logs
 
 
 def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
            finite: tf.Tensor) -> None:
     """Updates every replica's copy of ``variables`` with its copy of the reduced gradients,
     as Keras's ``Optimizer.apply`` would on one device (see the module docstring)."""
-    inner = _inner(optimizer)
-    loss_scale = optimizer if inner is not optimizer else None
-    steps = inner.gradient_accumulation_steps
-    counter = keras_internals.iterations_variable(inner)
-    # Everything that needs all gradients at once (the accumulated mean, global clipping) or
-    # a scalar of the optimizer's is computed here, in the replica context, so every replica
-    # reads its local copies: read in the cross-replica context, every device would wait for
-    # the first device's copy (measured: half the throughput of ResNet-18 on 2 devices).
-    if steps:
-        accumulators = keras_internals.gradient_accumulators(inner, variables)
-        update_grads = _clip(inner, [(g + a.value) / steps for g, a in zip(grads, accumulators)])
-        is_update_step = tf.equal((counter.value + 1) % steps, 0)
-    else:
-        accumulators, update_grads, is_update_step = [], _clip(inner, grads), tf.constant(True)
-    learning_rate = tf.identity(inner.learning_rate)
-    ema, momentum, overwrite = [], None, None
-    if inner.use_ema:
-        ema = keras_internals.moving_averages(inner)
-        iterations = tf.identity(inner.iterations)  # Keras's count: of updates, if accumulating.
-        momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
-        if inner.ema_overwrite_frequency:
-            overwrite = tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
-    decayed = ([keras_internals.uses_weight_decay(inner, v) for v in variables]
-               if inner.weight_decay is not None else [False] * len(variables))
+    _OptimizerUpdate(optimizer, variables, grads, finite).merge()
 
-    def apply(strategy, grads, update_grads, learning_rate, finite, is_update_step, momentum,
-              overwrite):
+
+class _OptimizerUpdate:
+    """What Keras's ``Optimizer.apply`` does around ``update_step``, in its order, applied to
+    every replica's copy of every variable.
+
+    Built in the replica context: everything that needs all gradients at once (the accumulated
+    mean, global clipping) or a scalar of the optimizer's is computed there, so every replica
+    reads its local copies (read in the cross-replica context, every device would wait for the
+    first device's copy: measured, half the throughput of ResNet-18 on 2 devices). Those
+    per-replica values reach the cross-replica update through ``merge_call``'s arguments.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
+                 finite: tf.Tensor):
+        inner = self.inner = _inner(optimizer)
+        self.loss_scale = optimizer if inner is not optimizer else None
+        self.variables = variables
+        self.steps = inner.gradient_accumulation_steps
+        self.counter = keras_internals.iterations_variable(inner)
+        self.accumulators: list = []
+        if self.steps:
+            self.accumulators = keras_internals.gradient_accumulators(inner, variables)
+            update_grads = _clip(inner, [(g + a.value) / self.steps
+                                         for g, a in zip(grads, self.accumulators)])
+            is_update_step = tf.equal((self.counter.value + 1) % self.steps, 0)
+        else:
+            update_grads, is_update_step = _clip(inner, grads), tf.constant(True)
+        self.ema: list = []
+        momentum = overwrite = None
+        if inner.use_ema:
+            self.ema = keras_internals.moving_averages(inner)
+            iterations = tf.identity(inner.iterations)  # Keras's count: of updates.
+            momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
+            if inner.ema_overwrite_frequency:
+                overwrite = tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
+        self.decayed = ([keras_internals.uses_weight_decay(inner, v) for v in variables]
+                        if inner.weight_decay is not None else [False] * len(variables))
+        self._per_replica = dict(grads=grads, update_grads=update_grads,
+                                 learning_rate=tf.identity(inner.learning_rate), finite=finite,
+                                 is_update_step=is_update_step, momentum=momentum,
+                                 overwrite=overwrite)
+
+    def merge(self) -> None:
+        """Leaves the replica context and applies the update on every replica's copies."""
+        tf.distribute.get_replica_context().merge_call(self._apply, kwargs=self._per_replica)
+
+    def _apply(self, strategy, grads, update_grads, learning_rate, finite, is_update_step,
+               momentum, overwrite) -> None:
         # Cross-replica context: each replica's copy of each variable is updated with that
         # replica's copy of the (already reduced) values, and nothing is reduced again.
         def on_each(variable, fn, *args):
@@ -360,48 +419,45 @@ def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
             return strategy.experimental_local_results(value)[0]
 
         def update_variables():
-            for variable, decay in zip(variables, decayed):
+            for variable, decay in zip(self.variables, self.decayed):
                 if decay:
-                    on_each(variable, _decay, learning_rate, inner.weight_decay)
-            for grad, variable in zip(update_grads, variables):
-                on_each(variable, lambda v, g, lr: inner.update_step(g, v, lr), grad, learning_rate)
-            for accumulator in accumulators:
+                    on_each(variable, _decay, learning_rate, self.inner.weight_decay)
+            for grad, variable in zip(update_grads, self.variables):
+                on_each(variable, lambda v, g, lr: self.inner.update_step(g, v, lr), grad,
+                        learning_rate)
+            for accumulator in self.accumulators:
                 on_each(accumulator, lambda a: a.assign(tf.zeros_like(a)))
             return tf.constant(True)
 
         def accumulate():
-            for grad, accumulator in zip(grads, accumulators):
+            for grad, accumulator in zip(grads, self.accumulators):
                 on_each(accumulator, lambda a, g: a.assign_add(tf.cast(g, a.dtype)), grad)
             return tf.constant(True)
 
         def apply_all():
-            if steps:
+            if self.steps:
                 tf.cond(first(is_update_step), update_variables, accumulate)
             else:
                 update_variables()
-            for variable, average in ema:
+            for variable, average in self.ema:
                 on_each(average, _moving_average, _tf_variable(variable), momentum)
             if overwrite is not None:
-                tf.cond(first(overwrite), lambda: _overwrite_with(on_each, ema),
+                tf.cond(first(overwrite), lambda: _overwrite_with(on_each, self.ema),
                         lambda: tf.constant(True))
-            for variable in variables:
+            for variable in self.variables:
                 if variable.constraint is not None:
                     on_each(variable, lambda v, c=variable.constraint: v.assign(c(v)))
-            counter.assign_add(1)
+            self.counter.assign_add(1)
             return tf.constant(True)
 
-        if loss_scale is None:
+        if self.loss_scale is None:
             apply_all()
             return
         # Dynamic loss scaling, as LossScaleOptimizer does: skip a step whose gradients
         # overflowed and halve the scale; double it after enough finite steps.
         tf.cond(first(finite),
-                lambda: tf.logical_and(apply_all(), _grow_scale(loss_scale)),
-                lambda: _shrink_scale(loss_scale))
-
-    tf.distribute.get_replica_context().merge_call(
-        apply, args=(grads, update_grads, learning_rate, finite, is_update_step, momentum,
-                     overwrite))
+                lambda: tf.logical_and(apply_all(), _grow_scale(self.loss_scale)),
+                lambda: _shrink_scale(self.loss_scale))
 
 
 def _tf_variable(variable):

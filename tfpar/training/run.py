@@ -116,6 +116,60 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
                  config.model, device_set, name, strategy.num_replicas_in_sync,
                  batch_size, lr)
+    model = _compiled_model(config, device_set, strategy, splits, batch_size, lr)
+    timer = EpochTimer(splits.num_train)
+    loss_guard = StopOnNonFiniteLoss()
+    chief = cluster.is_chief(strategy)
+    fit_callbacks: list[keras.callbacks.Callback] = [timer, loss_guard]
+    if not config.sync_batchnorm and model.non_trainable_variables:
+        # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
+        fit_callbacks.append(AverageAtEpochEnd(strategy))
+    # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+    test = pipelines.pipeline(splits.test, batch_size)
+    fit_callbacks.append(evaluation.TestAccuracy(test, strategy))
+    initial_epoch, checkpoint = 0, None
+    if config.model_dir:
+        checkpoint = _epoch_checkpoint(config, model, strategy)
+        initial_epoch = checkpoint.restore() if config.resume else 0
+        fit_callbacks.append(checkpoint)
+    # The epochs a resumed run did not train itself, for its report (each epoch once).
+    earlier = {name: list(values) for name, values in checkpoint.history.items()
+               } if checkpoint else {}
+    if chief:
+        fit_callbacks += _chief_logs(config, strategy, device_set)
+    fit_callbacks += list(callbacks)
+    train, fit_args = _training_data(config, splits, batch_size, initial_epoch, fit_callbacks)
+    fit_args.update(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks,
+                    verbose=config.verbose if chief or not config.chief_only_progress else 0)
+    history = _fit(model, train, fit_args, config, strategy, checkpoint).history
+    timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
+    result = RunResult(
+        strategy=name, devices=replica_devices(strategy, device_set),
+        model=config.model,
+        dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
+        test_accuracy=(history["test_accuracy"][-1] if timed
+                       else evaluation.accuracy(model, test, strategy)),
+        sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
+        first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
+        images_per_second=timer.steady_images_per_second if timed else math.nan,
+        epoch_seconds=list(timer.epoch_seconds),
+        history={k: earlier.get(k, [])[:initial_epoch] + [float(v) for v in vs]
+                 for k, vs in history.items()},
+        is_chief=chief)
+    if loss_guard.stopped:
+        assert loss_guard.epoch is not None and loss_guard.step is not None  # Set on a stop.
+        raise NonFiniteLossError(
+            f"Training stopped: the loss became {loss_guard.value} at epoch "
+            f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
+            f"rate ({lr:g}) is probably too high for the batch size ({batch_size}); lower "
+            "{argument}.", [result], argument="lr")
+    return result
+
+
+def _compiled_model(config: TrainConfig, device_set: devices_lib.DeviceSet,
+                    strategy: tf.distribute.Strategy, splits: loading.Splits, batch_size: int,
+                    lr: float) -> keras.Model:
+    """The configured model, seeded, built and compiled under ``strategy``."""
     check_compile_options(config.jit_compile, strategy, device_set)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
@@ -128,25 +182,15 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         dtype=config.dtype, jit_compile=config.jit_compile,
         steps_per_execution=config.steps_per_execution, sync_batchnorm=config.sync_batchnorm)
     loading.check_image_shape(splits, model.input_shape[1:])
-    timer = EpochTimer(splits.num_train)
-    loss_guard = StopOnNonFiniteLoss()
-    user_callbacks, callbacks = list(callbacks), [timer, loss_guard]
-    if not config.sync_batchnorm and model.non_trainable_variables:
-        # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
-        callbacks.append(AverageAtEpochEnd(strategy))
-    # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
-    test = pipelines.pipeline(splits.test, batch_size)
-    callbacks.append(evaluation.TestAccuracy(test, strategy))
-    initial_epoch, checkpoint = 0, None
-    if config.model_dir:
-        checkpoint = _epoch_checkpoint(config, model, strategy)
-        initial_epoch = checkpoint.restore() if config.resume else 0
-        callbacks.append(checkpoint)
-    # The epochs a resumed run did not train itself, for its report (each epoch once).
-    earlier = {name: list(values) for name, values in checkpoint.history.items()
-               } if checkpoint else {}
+    return model
+
+
+def _chief_logs(config: TrainConfig, strategy: tf.distribute.Strategy,
+                device_set: devices_lib.DeviceSet) -> list[keras.callbacks.Callback]:
+    """The chief's TensorBoard logs and profiler trace, as ``config`` asks."""
+    callbacks: list[keras.callbacks.Callback] = []
     profile_dir = config.profile_dir
-    if config.logdir and cluster.is_chief(strategy):
+    if config.logdir:
         chosen = strategies.selection(strategy)
         run_dir = run_folder(config.logdir, chosen.name, len(chosen.devices))
         callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
@@ -154,59 +198,50 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
             tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
                             step=0)
         profile_dir = run_dir  # The trace shows under the same run in TensorBoard.
-    if config.profile_steps and cluster.is_chief(strategy):
+    if config.profile_steps:
         # The chief's trace only: TensorFlow 2.21's profiler aborts now and then while it
-        # collects the trace in another worker of a job (heap corruption; 8 of 55 traced
-        # 2-worker runs, on worker 1 every time, never on the chief).
+        # collects the trace in another worker of a job (heap corruption, on a worker other
+        # than the chief every time it was seen).
         callbacks.append(ProfileSteps(*config.profile_steps, profile_dir))
-    callbacks += user_callbacks
-    # Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
-    # an uninterrupted one. Every epoch must run exactly its steps: one endless stream does
-    # when steps_per_execution divides the epoch (and is twice as fast on short epochs, as
-    # Keras keeps its iterator); otherwise the data must end with each epoch.
-    # shuffle=False: the order is the data's own (Keras would warn that it ignores shuffle).
-    fit_args = dict(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=callbacks,
-                    verbose=(config.verbose if cluster.is_chief(strategy)
-                             or not config.chief_only_progress else 0), shuffle=False)
+    return callbacks
+
+
+def _training_data(config: TrainConfig, splits: loading.Splits, batch_size: int,
+                   initial_epoch: int, callbacks: list[keras.callbacks.Callback]
+                   ) -> tuple[tf.data.Dataset, dict[str, Any]]:
+    """The training data for ``fit`` and the ``fit`` arguments it needs.
+
+    Each epoch's order depends on (seed, epoch) only: a resumed run sees the same batches as
+    an uninterrupted one. Every epoch must run exactly its steps: one endless stream does when
+    steps_per_execution divides the epoch (and is twice as fast on short epochs, as Keras keeps
+    its iterator); otherwise the data must end with each epoch (a callback first in
+    ``callbacks`` tells the data which epoch it is). ``shuffle=False``: the order is the
+    data's own (Keras would warn that it ignores shuffle).
+    """
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     if steps_per_epoch % config.steps_per_execution == 0:
-        train = pipelines.epoch_stream(splits.train, splits.num_train, batch_size,
-                                      seed=config.seed, first_epoch=initial_epoch)
-        fit_args["steps_per_epoch"] = steps_per_epoch
-    else:
-        train, data_epoch = pipelines.epoch_batches(splits.train, splits.num_train, batch_size,
-                                                  seed=config.seed)
-        callbacks.insert(0, keras.callbacks.LambdaCallback(
-            on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
+        return (pipelines.epoch_stream(splits.train, splits.num_train, batch_size,
+                                       seed=config.seed, first_epoch=initial_epoch),
+                dict(steps_per_epoch=steps_per_epoch, shuffle=False))
+    train, data_epoch = pipelines.epoch_batches(splits.train, splits.num_train, batch_size,
+                                              seed=config.seed)
+    callbacks.insert(0, keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: data_epoch.assign(epoch)))
+    return train, dict(shuffle=False)
+
+
+def _fit(model: keras.Model, train: tf.data.Dataset, fit_args: dict[str, Any],
+         config: TrainConfig, strategy: tf.distribute.Strategy,
+         checkpoint: EpochCheckpoint | None) -> keras.callbacks.History:
+    """``model.fit``; a worker that stopped answering ends it with one line naming it."""
     try:
-        history = model.fit(train, **fit_args)
+        return model.fit(train, **fit_args)
     except tf.errors.OpError as e:
         tasks = failures.lost_peers(e.message) if cluster.is_multi_worker(strategy) else None
         if tasks is None:
             raise
         raise PeerLostError(failures.peer_lost_message(tasks, _resume_point(config, checkpoint))
                             ) from None
-    timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
-    result = RunResult(
-        strategy=name, devices=replica_devices(strategy, device_set),
-        model=config.model,
-        dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
-        test_accuracy=(history.history["test_accuracy"][-1] if timed
-                       else evaluation.accuracy(model, test, strategy)),
-        sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
-        first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
-        images_per_second=timer.steady_images_per_second if timed else math.nan,
-        epoch_seconds=list(timer.epoch_seconds),
-        history={k: earlier.get(k, [])[:initial_epoch] + [float(v) for v in vs]
-                 for k, vs in history.history.items()},
-        is_chief=cluster.is_chief(strategy))
-    if loss_guard.stopped:
-        assert loss_guard.epoch is not None and loss_guard.step is not None  # Set on a stop.
-        raise NonFiniteLossError(
-            f"Training stopped: the loss became {loss_guard.value} at epoch "
-            f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
-            f"rate ({lr:g}) is probably too high for the batch size ({batch_size}); lower "
-            "{argument}.", [result], argument="lr")
-    return result
 
 
 def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps: int
