@@ -6,6 +6,8 @@ from absl.testing import parameterized
 
 from tfpar import testing
 from tfpar.allreduce import algorithms
+from tfpar.errors import ConfigError
+from tfpar.errors import OptionValueError
 from tfpar.errors import RegistryError
 
 # Sizes that do not divide by 2, 3 or 4 replicas, and a tensor smaller than the replica count.
@@ -40,8 +42,11 @@ class AllReduceTest(testing.StrategyTestCase):
                 self.assertAllClose(copy, expected, rtol=1e-6, atol=1e-6)
 
     def test_unknown_algorithm(self):
-        with self.assertRaisesRegex(RegistryError, r"Unknown all-reduce algorithm 'tree'"):
+        # A value out of range: a ConfigError (and, until 0.3.0, still a RegistryError).
+        with self.assertRaisesRegex(ConfigError, r"Unknown all-reduce algorithm 'tree'") as e:
             algorithms.check_algorithm("tree")
+        self.assertIsInstance(e.exception, OptionValueError)
+        self.assertIsInstance(e.exception, RegistryError)
 
 
 class PackTest(tf.test.TestCase):

@@ -5,6 +5,7 @@ import tensorflow as tf
 from tfpar import devices
 from tfpar import strategies
 from tfpar import testing
+from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
 from tfpar.strategies import cross_device_ops
 
@@ -35,7 +36,7 @@ class BuiltinsTest(testing.StrategyTestCase):
         self.assertIsInstance(ops, tf.distribute.ReductionToOneDevice)
 
     def test_nccl_on_cpu_is_refused(self):
-        with self.assertRaisesRegex(RegistryError, r"cross_device_ops='nccl' needs GPUs only"):
+        with self.assertRaisesRegex(ConfigError, r"cross_device_ops='nccl' needs GPUs only"):
             strategies.get("mirrored", 2, cross_device_ops="nccl")
 
     def test_one_device_entries_refuse_two_devices(self):
@@ -54,7 +55,7 @@ class BuiltinsTest(testing.StrategyTestCase):
             strategies.get("mirrored", 2, num_packs=2)
 
     def test_bad_allreduce_algorithm(self):
-        with self.assertRaisesRegex(RegistryError, r"Unknown all-reduce algorithm 'tree'\. "
+        with self.assertRaisesRegex(ConfigError, r"Unknown all-reduce algorithm 'tree'\. "
                                                    r"Available: collective, naive, ring\."):
             strategies.get("allreduce", 2, algorithm="tree")
 

@@ -31,7 +31,7 @@ import tensorflow as tf
 from tfpar.allreduce.options import ALGORITHMS  # noqa: F401  (documented here)
 from tfpar.allreduce.options import DEFAULT_BYTES_PER_PACK
 from tfpar.allreduce.options import check_algorithm
-from tfpar.errors import RegistryError
+from tfpar.errors import OptionValueError
 
 
 def pack(tensors: Sequence[tf.Tensor], bytes_per_pack: int) -> list[list[int]]:
@@ -93,7 +93,8 @@ def all_reduce_sum(tensors: Sequence[tf.Tensor], algorithm: str = "collective",
         The sums, in the order and shapes of ``tensors``, identical on every replica.
 
     Raises:
-        RegistryError: If ``algorithm`` is unknown, or is not ``collective`` across workers.
+        OptionValueError: If ``algorithm`` is unknown, or is not ``collective`` across
+            workers.
     """
     check_algorithm(algorithm)
     tensors = list(tensors)
@@ -122,7 +123,7 @@ def _reduce(flats: list[tf.Tensor], algorithm: str, context: tf.distribute.Repli
         return context.all_reduce(tf.distribute.ReduceOp.SUM, flats)
     strategy = context.strategy
     if len(strategy.extended.worker_devices) != strategy.num_replicas_in_sync:
-        raise RegistryError(f"All-reduce algorithm {algorithm!r} works within one process; "
+        raise OptionValueError(f"All-reduce algorithm {algorithm!r} works within one process; "
                             "across workers use 'collective'.")
     merge = _naive if algorithm == "naive" else _ring
     return context.merge_call(lambda strategy, *parts: [merge(strategy, p) for p in parts],

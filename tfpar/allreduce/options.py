@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfpar.errors import ConfigError
-from tfpar.errors import RegistryError
+from tfpar.errors import OptionValueError
 
 ALGORITHMS = ("collective", "naive", "ring")
 # PyTorch DDP's default bucket (25 MiB): large enough that per-reduction overhead vanishes,
@@ -21,10 +21,10 @@ def check_algorithm(algorithm: str) -> None:
     """Raises unless ``algorithm`` is one of :data:`ALGORITHMS`.
 
     Raises:
-        RegistryError: If it is not.
+        OptionValueError: If it is not.
     """
     if algorithm not in ALGORITHMS:
-        raise RegistryError(f"Unknown all-reduce algorithm {algorithm!r}. Available: "
+        raise OptionValueError(f"Unknown all-reduce algorithm {algorithm!r}. Available: "
                             f"{', '.join(ALGORITHMS)}.")
 
 
@@ -72,7 +72,7 @@ class StepOptions:
         """Raises for options that cannot run on this many replicas.
 
         Raises:
-            RegistryError: For an unknown algorithm.
+            OptionValueError: For an unknown algorithm.
             ConfigError: For a bad ``bytes_per_pack`` or ``split_weights``.
         """
         check_algorithm(self.algorithm)

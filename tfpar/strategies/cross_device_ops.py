@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tfpar.errors import RegistryError
+from tfpar.errors import OptionValueError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -28,17 +28,17 @@ def make_cross_device_ops(kind: str, devices: devices_lib.DeviceSet
         The ``tf.distribute.CrossDeviceOps`` instance.
 
     Raises:
-        RegistryError: If ``kind`` is unknown, or NCCL is asked for on a set with non-GPUs.
+        OptionValueError: If ``kind`` is unknown, or NCCL is asked for on a set with non-GPUs.
     """
     import tensorflow as tf  # The registry's modules import no TensorFlow at import.
 
     if kind not in CROSS_DEVICE_OPS:
-        raise RegistryError(f"Unknown cross_device_ops {kind!r}. Allowed: "
+        raise OptionValueError(f"Unknown cross_device_ops {kind!r}. Allowed: "
                             f"{', '.join(CROSS_DEVICE_OPS)}.")
     if kind == "auto":
         kind = "nccl" if devices.is_gpu_only and len(devices) > 1 else "reduction_to_one_device"
     if kind in ("nccl", "hierarchical_copy") and not devices.is_gpu_only:
-        raise RegistryError(f"cross_device_ops={kind!r} needs GPUs only; {devices} has other "
+        raise OptionValueError(f"cross_device_ops={kind!r} needs GPUs only; {devices} has other "
                             "devices. Use 'reduction_to_one_device' or 'auto'.")
     if kind == "nccl":
         return tf.distribute.NcclAllReduce()

@@ -16,7 +16,7 @@ from tfpar import devices as devices_lib
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.compat import coordination
 from tfpar.errors import ConfigError
-from tfpar.errors import RegistryError
+from tfpar.errors import OptionValueError
 from tfpar.multiworker import cluster as cluster_lib
 from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
 from tfpar.strategies.mixin_base import StrategyMixin
@@ -89,18 +89,18 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
         The connected strategy.
 
     Raises:
-        RegistryError: For an implementation the devices cannot run.
+        OptionValueError: For an implementation the devices cannot run.
         ConfigError: For a bad timeout or bucket size.
         ClusterError: If the cluster spec is malformed or the peers do not come up.
     """
     if implementation not in IMPLEMENTATIONS:
-        raise RegistryError(f"Unknown collective implementation {implementation!r}. Allowed: "
+        raise OptionValueError(f"Unknown collective implementation {implementation!r}. Allowed: "
                             f"{', '.join(IMPLEMENTATIONS)}.")
     if implementation == "nccl" and not devices.is_gpu_only:
-        raise RegistryError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
+        raise OptionValueError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
                             "Use 'ring' or 'auto'.")
     if not devices.is_gpu_only and len(devices) != 1:
-        raise RegistryError("On CPUs each multi_worker process runs one replica; use one device "
+        raise OptionValueError("On CPUs each multi_worker process runs one replica; use one device "
                             f"per worker and more workers. Received: {devices}.")
     if isinstance(cluster_timeout, bool) or not (isinstance(cluster_timeout, (int, float))
                                                  and cluster_timeout > 0):
