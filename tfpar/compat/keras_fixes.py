@@ -45,6 +45,8 @@ import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
 import keras
 import tensorflow as tf
@@ -57,6 +59,17 @@ from tfpar.compat import versions
 # to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
 VERIFIED_KERAS = versions.VERIFIED_KERAS
 MODE_ENV = versions.KERAS_MODE_ENV
+
+
+@runtime_checkable
+class ReportsGlobalValues(Protocol):
+    """What a strategy whose own training step returns logs that are already the same on
+    every replica and worker implements, so that the scalar-logs fix does not reduce them
+    again (Keras's own word for such a value, in ``reduce_per_replica``, is ``"first"``).
+    tfpar's all-reduce strategies implement it (:mod:`tfpar.strategies.allreduce`)."""
+
+    def is_global_value(self, value: Any) -> bool:
+        """Whether ``value``, a log of this strategy's step, is global already."""
 
 
 def _tf_trainer() -> Any:
@@ -93,7 +106,8 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
     def reduce_per_replica(values, strategy, reduction):
         if reduction not in ("auto", "mean") or not _several_workers(strategy):
             return original(values, strategy, reduction)
-        is_global = getattr(strategy, "is_global_value", lambda v: False)
+        is_global = (strategy.is_global_value if isinstance(strategy, ReportsGlobalValues)
+                     else lambda value: False)
         flat = tree.flatten(values)
         reduced = [v if is_global(v) else None for v in flat]
         scalars: dict[tf.DType, list[int]] = {}

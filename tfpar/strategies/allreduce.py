@@ -60,7 +60,8 @@ class _AllReduceStep(ChecksKerasOptimizerUpdate, ReleasesIteratorsInBackground):
 
     def is_global_value(self, value) -> bool:
         """Whether ``value`` is a log of the all-reduce step: the same on every replica and
-        worker, so there is nothing to reduce (read by :mod:`tfpar.compat.keras_fixes`)."""
+        worker, so there is nothing to reduce (the
+        :class:`tfpar.compat.keras_fixes.ReportsGlobalValues` protocol)."""
         return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
 
     def experimental_distribute_dataset(self, dataset, options=None):
