@@ -9,6 +9,7 @@ line reads this module's constants).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
@@ -230,32 +232,14 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
     own = tasks.pop(me, None)
     if own is None or not tasks:
         return
-    port = _split(own)[1]
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind(("", port))  # As TensorFlow's server will bind it.
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise PortTakenError(f"Port {port} of this {me[0]} ({own}) is in use by "
-                                     "another program. Give the cluster free ports.") from None
-            raise ClusterError(f"Cannot listen at {own} ({e.strerror}).") from None
-        listener.listen(64)
-        listener.setblocking(False)
+    with _held_port(own, me[0]) as listener:
         missing = dict(sorted(tasks.items()))
         start, since = time.monotonic(), time.strftime("%H:%M:%S")
         next_report = start + report_every
         while True:
-            try:
-                while True:  # Answer the peers' probes.
-                    with listener.accept()[0] as peer:
-                        peer.send(_GREETING)
-            except (BlockingIOError, InterruptedError):
-                pass
-            for task, address in list(missing.items()):
-                if _answers(address):
-                    del missing[task]
+            _greet_probes(listener)
+            missing = {task: address for task, address in missing.items()
+                       if not _answers(address)}
             if not missing:
                 return
             waited = time.monotonic() - start
@@ -271,8 +255,38 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
                        f"{timeout:g} s).")
                 next_report += report_every
             time.sleep(0.25)
+
+
+@contextlib.contextmanager
+def _held_port(own: str, task_type: str) -> Iterator[socket.socket]:
+    """Listens at this task's port (as TensorFlow's server will), non-blocking, until the
+    block ends; a port taken by another program is found at once."""
+    port = _split(own)[1]
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTakenError(f"Port {port} of this {task_type} ({own}) is in use by "
+                                     "another program. Give the cluster free ports.") from None
+            raise ClusterError(f"Cannot listen at {own} ({e.strerror}).") from None
+        listener.listen(64)
+        listener.setblocking(False)
+        yield listener
     finally:
         listener.close()
+
+
+def _greet_probes(listener: socket.socket) -> None:
+    """Answers every peer's probe waiting at ``listener`` with tfpar's greeting."""
+    try:
+        while True:
+            with listener.accept()[0] as peer:
+                peer.send(_GREETING)
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def connect(make: Callable[[], tf.distribute.Strategy],
