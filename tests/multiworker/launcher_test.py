@@ -134,6 +134,22 @@ class LauncherTest(tf.test.TestCase):
         for restarted, uninterrupted in zip(*weights):
             self.assertAllEqual(uninterrupted, restarted)
 
+    def test_a_worker_stopped_by_its_own_signal_is_restarted(self):
+        # Exit 130 from a worker (SIGTERM from a scheduler, a preemption) is a failure of that
+        # worker, restarted; Ctrl-C or SIGTERM to the launcher is not (the SIGTERM test below).
+        model_dir = self.get_temp_dir()
+        marker = os.path.join(model_dir, "stopped_once")
+        code = ("import json, os, sys\n"
+                "rank = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+                f"if rank == 1 and not os.path.exists({marker!r}):\n"
+                f"    open({marker!r}, 'w').close(); sys.exit(130)\n")
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", code, f"--model_dir={model_dir}"], 2,
+                                 out=out, max_restarts=1)
+        self.assertEqual(status, 0, out.getvalue())
+        self.assertIn("launcher: worker 1 exited with 130; stopped the other workers.\n"
+                      "launcher: restart 1 of 1", out.getvalue())
+
     def test_restarts_need_a_model_dir_and_skip_bad_input(self):
         with self.assertRaisesRegex(ConfigError, r"max_restarts > 0 restarts the job from its "
                                                  r"last saved epoch: the command must carry "

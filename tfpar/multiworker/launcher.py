@@ -71,9 +71,16 @@ def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
             for i in range(num_workers)]
 
 
-# Exit statuses that end a job without a restart: success, the user's Ctrl-C or SIGTERM to the
-# launcher, and bad input (exit 2: the same command fails the same way again).
-_NO_RESTART = (0, 2, 130)
+# Exit statuses that end a job without a restart: success, and bad input (exit 2: the same
+# command fails the same way again). A worker stopped by a signal of its own (130: SIGTERM from
+# a scheduler, a preemption) is restarted; the user's Ctrl-C or SIGTERM to the launcher is not
+# (_Interrupted).
+_NO_RESTART = (0, 2)
+INTERRUPTED_STATUS = 130
+
+
+class _Interrupted(Exception):
+    """The launcher itself was told to stop (Ctrl-C, SIGTERM); every worker is stopped."""
 _CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', re.M)
 
 
@@ -149,13 +156,14 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             ``"host"``: on this machine's network, where TensorFlow's servers listen on every
             interface (firewall their ports).
         max_restarts: How many times the whole group is started again after a worker fails
-            (a non-zero exit other than 2, bad input; a signal other than the user's to the
-            launcher; a peer lost, exit 69). Each restart resumes from the last finished
-            epoch in the command's ``--model_dir``, which it must carry.
+            (a non-zero exit other than 2, bad input: a crash, a kill, a worker stopped by a
+            signal of its own, a peer lost; not Ctrl-C or SIGTERM to the launcher). Each
+            restart resumes from the last finished epoch in the command's ``--model_dir``,
+            which it must carry.
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
-        130 after Ctrl-C.
+        130 after Ctrl-C or SIGTERM to the launcher.
 
     Raises:
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
@@ -190,7 +198,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                       "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
                                    else f"from scratch (no epoch saved in {model_dir} yet).\n"))
             out.flush()
-        status = _launch_once(command, num_workers, host, out, all_output, network)
+        try:
+            status = _launch_once(command, num_workers, host, out, all_output, network)
+        except _Interrupted:
+            return INTERRUPTED_STATUS
         if status in _NO_RESTART:
             return status
     if max_restarts:
@@ -265,7 +276,7 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
         _stop(processes)
         with lock:
             out.write("launcher: interrupted; stopped every worker.\n")
-        return 130
+        raise _Interrupted from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         for t in threads:
