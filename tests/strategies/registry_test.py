@@ -1,5 +1,6 @@
 """Tests of the registry: user entries, entry points, errors; listing without TensorFlow."""
 
+import warnings
 from importlib import metadata
 from unittest import mock
 
@@ -7,8 +8,14 @@ import tensorflow as tf
 
 from tfpar import strategies
 from tfpar import testing
+from tfpar.compat import keras_fixes
 from tfpar.errors import RegistryError
 from tfpar.strategies import registry
+from tfpar.strategies.base import TfparStrategy
+
+
+class MyMirroredStrategy(TfparStrategy, tf.distribute.MirroredStrategy):
+    """A user's strategy class."""
 
 
 class RegisterTest(testing.StrategyTestCase):
@@ -22,12 +29,25 @@ class RegisterTest(testing.StrategyTestCase):
     def test_register_as_decorator_and_get(self):
         @strategies.register("mine", description="My strategy.")
         def mine(devices, scale: int = 1):
-            return tf.distribute.MirroredStrategy(devices.tf_names)
+            return MyMirroredStrategy(devices.tf_names)
 
         self.assertEqual(strategies.available()["mine"], "My strategy.")
         self.assertEqual(strategies.entry("mine").options(), {"scale": 1})
-        self.assertEqual(strategies.get("mine", 2, scale=3).num_replicas_in_sync, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            strategy = strategies.get("mine", 2, scale=3)
+        self.assertEqual(strategy.num_replicas_in_sync, 2)
+        self.assertEqual(strategy.tfpar.options, {"scale": 3})
         self.assertTrue(callable(mine))
+
+    def test_a_foreign_strategy_of_several_replicas_is_deprecated(self):
+        strategies.register("mine", lambda devices: tf.distribute.MirroredStrategy(
+            devices.tf_names))
+        keras_fixes.uninstall()
+        with self.assertWarnsRegex(DeprecationWarning, r"MirroredStrategy that does not derive "
+                                   r"from tfpar\.strategies\.base\.TfparStrategy.*until 0\.3\.0"):
+            strategies.get("mine", 2)
+        self.assertEqual(keras_fixes.installed(), not keras_fixes.skip_reason())
 
     def test_duplicate_name_raises_unless_override(self):
         strategies.register("mine", lambda devices: tf.distribute.get_strategy())

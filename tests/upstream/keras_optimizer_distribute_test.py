@@ -223,7 +223,7 @@ class OptimizerDistributeTestCentralStorage(OptimizerDistributeTest):
     ENTRY = "central_storage"
     # Deliberate refusals: tfpar refuses use_ema and gradient_accumulation_steps under
     # central_storage at the first training step (Keras assigns the variables in the replica
-    # context, which the strategy forbids; tfpar/strategies/optimizer_checks.py).
+    # context, which the strategy forbids; tfpar/strategies/refusals.py).
     NOT_APPLICABLE = {
         "test_ema": "use_ema is refused under central_storage",
         "test_gradient_accumulation": "gradient_accumulation_steps is refused under "

@@ -10,9 +10,10 @@ against (:mod:`.versions`) and a test that fails without it:
   the logged loss).
 
 - :mod:`.keras_fixes`: wrappers of Keras's ``fit`` internals and of how its variables add under
-  ``central_storage``, installed by :func:`tfpar.strategies.get`;
-- :mod:`.iterator_release`: ``tf.data`` iterators freed off the training thread (the mixin every
-  strategy class of tfpar's inherits);
+  ``central_storage``, installed by every tfpar strategy of several replicas
+  (:class:`tfpar.strategies.base.TfparStrategy`);
+- :mod:`.iterator_release`: ``tf.data`` iterators freed off the training thread (by that base
+  class, for every strategy class of tfpar's);
 - :mod:`.coordination`: the coordination service's heartbeat timeout (``heartbeat_timeout``).
 
 This package is the bottom layer of tfpar above :mod:`tfpar.errors`: it imports nothing else

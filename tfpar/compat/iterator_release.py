@@ -12,7 +12,7 @@ with nothing running. Under ``tf.distribute`` every device has a pipeline of its
 60 LeNet steps under ``mirrored`` waited, up to 8 s, after ~2.5 s of training (README).
 
 The strategy classes tfpar builds inherit
-:class:`tfpar.strategies.iterator_release.ReleasesIteratorsInBackground`: each iterator
+:class:`tfpar.strategies.base.TfparStrategy`: each iterator
 of their distributed datasets, once dropped, is freed on a background thread of its own.
 TensorFlow releases the GIL while the destructor waits, so training goes on meanwhile. The
 input path itself is TensorFlow's, unchanged (same batches, same prefetching to devices).

@@ -34,8 +34,8 @@ code everywhere else.
 They are applied only on the Keras versions they were verified against
 (:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
 says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
-DEVELOPERS.md), ``=off`` never. :func:`tfpar.strategies.get` installs them when it builds a
-strategy of more than one replica.
+DEVELOPERS.md), ``=off`` never. Every tfpar strategy of more than one replica installs them
+when it is built (:class:`tfpar.strategies.base.TfparStrategy`).
 """
 
 from __future__ import annotations
@@ -244,5 +244,5 @@ def status() -> dict[str, Any]:
     return {"keras": keras.version(),
             "verified_with_keras": versions.keras_range_text(),
             "applied": (f"no: {reason}" if reason else
-                        "yes, by tfpar.strategies.get for strategies of several replicas"),
+                        "yes, by every tfpar strategy of several replicas"),
             "fixes": {f.name: f.description for f in FIXES}}

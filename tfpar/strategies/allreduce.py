@@ -11,58 +11,37 @@ keeps its own step.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
 
-import keras
 import tensorflow as tf
 from keras import tree
 
 from tfpar.allreduce.options import StepOptions
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
-from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
-from tfpar.strategies.multi_worker import RefusesMultiStepExecution
-from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
+from tfpar.strategies.base import TfparStrategy
+from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
+from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
+from tfpar.strategies.refusals import KerasStep
 
 
-def is_keras_step(fn, step: str) -> bool:
-    """Whether ``fn`` is a model's Keras ``step`` (``"train_step"``, ``"test_step"``) that its
-    class did not override: what Keras's ``fit``/``evaluate`` pass to ``Strategy.run``."""
-    return (isinstance(getattr(fn, "__self__", None), keras.Model)
-            and getattr(fn, "__func__", None) is getattr(keras.Model, step))
-
-
-class _AllReduceStep(ChecksKerasOptimizerUpdate, ReleasesIteratorsInBackground):
-    """Mixin for a ``tf.distribute`` strategy: ``model.fit`` runs :func:`train_step` (its
-    input iterators freed in the background)."""
+class _AllReduceStep(TfparStrategy):
+    """The all-reduce strategies' shared part: Keras's own ``train_step`` is replaced by
+    :func:`train_step`, and ``split_weights`` deal the batch out unevenly."""
 
     step_options: StepOptions
     # Keras's own train_step runs the all-reduce step, which applies every optimizer feature
     # exactly; a model's own train_step calls the optimizer, which cannot under tf.distribute.
-    alternative = ("A model's own train_step cannot use it here; Keras's train_step can (this "
-                   "strategy's step applies it exactly).")
+    refusal_alternative = ("A model's own train_step cannot use it here; Keras's train_step "
+                           "can (this strategy's step applies it exactly).")
 
-    def run(self, fn, args=(), kwargs=None, options=None):
-        """``Strategy.run``; Keras's own ``train_step`` is replaced by the all-reduce step.
-
-        The step's logs are the global batch's on every replica already, so the first local
-        replica's are returned as plain tensors, and :meth:`is_global_value` says so: Keras
-        then logs them as they are instead of averaging every scalar across the replicas
-        (across workers, a collective of 1-2 ms of latency and CPU per step).
-        """
-        if not is_keras_step(fn, "train_step"):
-            return super().run(fn, args=args, kwargs=kwargs, options=options)  # Checks it.
-        logs = super().run(functools.partial(train_step, fn.__self__, self.step_options),
-                           args=args, kwargs=kwargs, options=options)
-        logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)
-        self._global_values = {v.ref() for v in tree.flatten(logs) if isinstance(v, tf.Tensor)}
-        return logs
-
-    def is_global_value(self, value) -> bool:
-        """Whether ``value`` is a log of the all-reduce step: the same on every replica and
-        worker, so there is nothing to reduce (the
-        :class:`tfpar.compat.keras_fixes.ReportsGlobalValues` protocol)."""
-        return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
+    def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
+        """The all-reduce step for Keras's own ``train_step``; a model's own steps run."""
+        if step.name == "train_step" and step.is_keras_own:
+            return functools.partial(train_step, step.model, self.step_options)
+        return None
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set."""
@@ -93,6 +72,8 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
         step_options: The :class:`StepOptions` it trains with.
     """
 
+    refusals = KERAS_OPTIMIZER_UPDATE  # A model's own train_step calls the optimizer.
+
     def __init__(self, devices: Sequence[str], cross_device_ops: tf.distribute.CrossDeviceOps,
                  step_options: StepOptions | None = None):
         super().__init__(list(devices), cross_device_ops=cross_device_ops)
@@ -101,13 +82,14 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
         self.step_options = step_options
 
 
-class MultiWorkerAllReduceStrategy(RefusesMultiStepExecution, _AllReduceStep,
-                                   tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirroredStrategy):
     """``MultiWorkerMirroredStrategy`` whose ``model.fit`` steps are tfpar's all-reduce step.
 
     Attributes:
         step_options: The :class:`StepOptions` it trains with (``collective`` only).
     """
+
+    refusals = (MULTI_STEP_EXECUTION, *KERAS_OPTIMIZER_UPDATE)
 
     def __init__(self, cluster_resolver, communication_options,
                  step_options: StepOptions | None = None):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
-from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
+from tfpar.strategies.base import TfparStrategy
+from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
 
 
-class MirroredStrategy(ChecksKerasOptimizerUpdate, ReleasesIteratorsInBackground,
-                       tf.distribute.MirroredStrategy):
+class MirroredStrategy(TfparStrategy, tf.distribute.MirroredStrategy):
     """``MirroredStrategy`` (Keras's own step) that refuses, with the alternative, what Keras's
-    optimizer cannot apply under it, warns where it trains differently from one device
-    (:mod:`.optimizer_checks`), and frees its input iterators in the background."""
+    optimizer cannot apply under it and warns where it trains differently from one device
+    (:mod:`tfpar.strategies.refusals`)."""
+
+    refusals = KERAS_OPTIMIZER_UPDATE

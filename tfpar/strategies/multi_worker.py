@@ -1,15 +1,9 @@
-"""The ``multi_worker`` strategies: the class that refuses, with its reason, what Keras cannot
-run across workers, and :func:`make`, which builds a multi-worker strategy (options checked,
-peers awaited, threads set, then connected) for the ``multi_worker`` and
-``multi_worker_allreduce`` entries.
-
-:class:`RefusesMultiStepExecution` is shared with tfpar's own multi-worker step
-(:class:`tfpar.strategies.allreduce.MultiWorkerAllReduceStrategy`).
-"""
+"""The ``multi_worker`` strategy class, and :func:`make`, which builds a multi-worker strategy
+(options checked, peers awaited, threads set, then connected) for the ``multi_worker`` and
+``multi_worker_allreduce`` entries."""
 
 from __future__ import annotations
 
-import keras
 import tensorflow as tf
 
 from tfpar import devices as devices_lib
@@ -18,32 +12,18 @@ from tfpar.compat import coordination
 from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 from tfpar.multiworker import cluster as cluster_lib
-from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
-from tfpar.strategies.mixin_base import StrategyMixin
+from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.multi_worker_options import IMPLEMENTATIONS
-from tfpar.strategies.multi_worker_options import check_steps_per_execution
-from tfpar.strategies.optimizer_checks import ChecksKerasOptimizerUpdate
+from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
+from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
 
 
-class RefusesMultiStepExecution(StrategyMixin):
-    """Mixin for a multi-worker ``tf.distribute`` strategy: a Keras step of a model compiled
-    with ``steps_per_execution > 1`` raises tfpar's one-line reason (see
-    :func:`~tfpar.strategies.multi_worker_options.check_steps_per_execution`) instead of
-    failing deep in TensorFlow."""
+class MultiWorkerStrategy(TfparStrategy, tf.distribute.MultiWorkerMirroredStrategy):
+    """``MultiWorkerMirroredStrategy`` (Keras's own step) that refuses what it cannot run
+    across workers and what Keras's optimizer cannot apply under it
+    (:mod:`tfpar.strategies.refusals`)."""
 
-    def run(self, fn, args=(), kwargs=None, options=None):
-        """``Strategy.run``, after checking the steps per execution of a Keras model's step."""
-        model = getattr(fn, "__self__", None)
-        if (isinstance(model, keras.Model)
-                and self.num_replicas_in_sync != len(self.extended.worker_devices)):
-            check_steps_per_execution(model.steps_per_execution)
-        return super().run(fn, args=args, kwargs=kwargs, options=options)
-
-
-class MultiWorkerStrategy(RefusesMultiStepExecution, ChecksKerasOptimizerUpdate,
-                          ReleasesIteratorsInBackground, tf.distribute.MultiWorkerMirroredStrategy):
-    """``MultiWorkerMirroredStrategy`` (Keras's own step) that says what it cannot run and
-    frees its input iterators in the background."""
+    refusals = (MULTI_STEP_EXECUTION, *KERAS_OPTIMIZER_UPDATE)
 
 
 def _leave_a_thread_for_collectives() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfpar.strategies.iterator_release import ReleasesIteratorsInBackground
+from tfpar.strategies.base import TfparStrategy
 
 
-class OneDeviceStrategy(ReleasesIteratorsInBackground, tf.distribute.OneDeviceStrategy):
+class OneDeviceStrategy(TfparStrategy, tf.distribute.OneDeviceStrategy):
     """``OneDeviceStrategy`` whose input iterators are freed in the background."""

@@ -16,6 +16,10 @@ entry up by name again or passes options beside the strategy. Users add entries 
 entry-point group, whose entries load a :class:`StrategyEntry` or a factory (registered under
 the entry point's name, described by the first line of its docstring).
 
+The registry is a map from names to factories; what a strategy does when it is built (Keras's
+fixes, checking ``TF_CONFIG``, waiting for peers) is its factory's and its class's
+(:class:`tfpar.strategies.base.TfparStrategy`).
+
 Example::
 
     strategy = tfpar.strategies.get("mirrored", devices=2)
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -223,8 +226,6 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
     import tensorflow as tf  # Imported here: listing and checking entries does not need it.
 
     from tfpar import devices as devices_lib
-    from tfpar.compat import keras_fixes
-    from tfpar.multiworker import cluster as cluster_lib
 
     chosen = entry(name)
     allowed = chosen.options()
@@ -236,15 +237,30 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
     if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
         raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "
                             f"Received: {device_set}. Use 'mirrored' or 'allreduce' for more.")
-    if os.environ.get("TF_CONFIG"):
-        # TensorFlow's strategies (mirrored ones too) parse TF_CONFIG and fail with a JSON
-        # traceback on a malformed one: check it first, whatever the entry.
-        cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
     strategy = chosen.factory(device_set, **options)
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"The factory of strategy {name!r} returned {strategy!r}, not a "
                         "tf.distribute.Strategy.")
-    if strategy.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
-        keras_fixes.install()
+    _fix_keras_for_foreign(name, strategy)
     strategy.tfpar = Selection(chosen, {**allowed, **options}, device_set)
     return strategy
+
+
+def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
+    """Deprecated: installs tfpar's Keras fixes for a factory's strategy of several replicas
+    that does not derive from :class:`tfpar.strategies.base.TfparStrategy` (which installs
+    them itself when it is built). Removed in 0.3.0."""
+    import warnings
+
+    from tfpar.strategies.base import TfparStrategy
+
+    if isinstance(strategy, TfparStrategy) or strategy.num_replicas_in_sync == 1:
+        return
+    from tfpar.compat import keras_fixes
+
+    warnings.warn(
+        f"The factory of strategy {name!r} returned a {type(strategy).__name__} that does not "
+        "derive from tfpar.strategies.base.TfparStrategy; tfpar.strategies.get installs tfpar's "
+        "Keras fixes for it until 0.3.0. Derive the class from TfparStrategy (before the "
+        "tf.distribute class) to keep them.", DeprecationWarning, stacklevel=3)
+    keras_fixes.install()

@@ -1,0 +1,97 @@
+"""Tests of the strategies' base class: refusals as data, the step hook, what it does when
+built (TF_CONFIG checked, Keras fixes installed)."""
+
+import os
+from unittest import mock
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import testing
+from tfpar.compat import keras_fixes
+from tfpar.errors import ClusterError
+from tfpar.errors import ConfigError
+from tfpar.strategies import refusals
+from tfpar.strategies.base import TfparStrategy
+from tfpar.strategies.mirrored import MirroredStrategy
+
+
+def _refuse_dropout(strategy, step):
+    if any(isinstance(layer, keras.layers.Dropout) for layer in step.model.layers):
+        raise ConfigError("Dropout is not allowed here.")
+
+
+class NoDropoutStrategy(TfparStrategy, tf.distribute.MirroredStrategy):
+    """A user's strategy that refuses dropout in fit and evaluate, and counts its steps."""
+
+    refusals = (refusals.Refusal("no_dropout", ("train_step", "test_step"), _refuse_dropout),)
+
+
+class CountingStrategy(TfparStrategy, tf.distribute.MirroredStrategy):
+    """A user's strategy whose hook runs Keras's own train_step and counts the calls."""
+
+    traced = 0
+
+    def replacement_step(self, step):
+        if step.name != "train_step":
+            return None
+
+        def counted(data):
+            CountingStrategy.traced += 1
+            return step.model.train_step(data)
+
+        return counted
+
+
+def _model(*layers):
+    model = keras.Sequential([keras.Input((3,)), *layers, keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+class BaseTest(testing.StrategyTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.x = np.ones((8, 3), "float32")
+        self.y = np.ones((8, 1), "float32")
+
+    def test_refusals_are_checked_on_each_step_they_name(self):
+        strategy = NoDropoutStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            plain, dropping = _model(), _model(keras.layers.Dropout(0.5))
+        plain.fit(self.x, self.y, batch_size=4, verbose=0)
+        for run in (lambda: dropping.fit(self.x, self.y, batch_size=4, verbose=0),
+                    lambda: dropping.evaluate(self.x, self.y, batch_size=4, verbose=0)):
+            with self.assertRaisesRegex(ConfigError, r"^Dropout is not allowed here\.$"):
+                run()
+        dropping.predict(self.x, batch_size=4, verbose=0)  # predict_step is not named.
+
+    def test_replacement_step_runs_and_its_logs_are_global(self):
+        strategy = CountingStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = _model()
+        history = model.fit(self.x, self.y, batch_size=4, epochs=1, verbose=0)
+        self.assertEqual(CountingStrategy.traced, 2)  # Traced once per replica.
+        self.assertIn("loss", history.history)
+        logs = strategy.run(model.train_step, args=(
+            (tf.constant(self.x[:4]), tf.constant(self.y[:4])),))
+        self.assertTrue(strategy.is_global_value(logs["loss"]))
+        self.assertFalse(strategy.is_global_value(tf.constant(1.0)))
+
+    def test_a_malformed_tf_config_is_one_line_before_tensorflow_reads_it(self):
+        with mock.patch.dict(os.environ, {"TF_CONFIG": "{bad"}), \
+                self.assertRaisesRegex(ClusterError, r"TF_CONFIG is not valid JSON"):
+            MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def test_several_replicas_install_the_keras_fixes(self):
+        keras_fixes.uninstall()
+        MirroredStrategy(["/cpu:0"])
+        self.assertFalse(keras_fixes.installed())
+        MirroredStrategy(["/cpu:0", "/cpu:1"])
+        self.assertEqual(keras_fixes.installed(), not keras_fixes.skip_reason())
+
+
+if __name__ == "__main__":
+    tf.test.main()

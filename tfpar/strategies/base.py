@@ -1,0 +1,114 @@
+"""The base of every tfpar strategy class: what it refuses (data, checked once in the one
+``run`` override), the step hook that lets a strategy run a step of its own in place of
+Keras's, the global-logs contract, and what every tfpar strategy does when it is built.
+
+A strategy class is ``class MyStrategy(TfparStrategy, tf.distribute.SomeStrategy)``, with:
+
+- :attr:`TfparStrategy.refusals`: the :class:`~tfpar.strategies.refusals.Refusal` s checked on
+  every model step Keras asks it to run (:mod:`tfpar.strategies.refusals`);
+- :meth:`TfparStrategy.replacement_step`: the step hook (``None``: Keras's step runs);
+- :meth:`TfparStrategy.is_global_value`: whether a log of a replaced step is already the same
+  on every replica and worker (the
+  :class:`~tfpar.compat.keras_fixes.ReportsGlobalValues` protocol).
+
+When it is built it checks ``TF_CONFIG`` first (TensorFlow's strategies parse it and fail with
+a JSON traceback on a malformed one) and, with several replicas, installs tfpar's fixes of
+Keras (:mod:`tfpar.compat.keras_fixes`). Its input iterators are freed on background threads
+(:mod:`tfpar.compat.iterator_release`), so ``fit`` and its epochs end when their last step does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import ClassVar
+
+from keras import tree
+
+from tfpar.compat import keras_fixes
+from tfpar.compat.iterator_release import releasing_iterators
+from tfpar.multiworker import cluster as cluster_lib
+from tfpar.strategies.refusals import KerasStep
+from tfpar.strategies.refusals import Refusal
+
+if TYPE_CHECKING:  # A tf.distribute.Strategy for type checkers; ``object`` at run time.
+    from tensorflow.distribute import Strategy as _StrategyBase
+else:
+    _StrategyBase = object
+
+
+class TfparStrategy(_StrategyBase):
+    """The base of tfpar's ``tf.distribute`` strategy classes (inherit it before the
+    ``tf.distribute`` class).
+
+    Attributes:
+        refusals: What it cannot run, checked on each model step before the step runs.
+        refusal_alternative: What to do instead, for the refusals' messages (a sentence).
+    """
+
+    refusals: ClassVar[tuple[Refusal, ...]] = ()
+    refusal_alternative: ClassVar[str] = (
+        "Train with the 'allreduce' strategy (or 'multi_worker_allreduce' across workers), "
+        "whose step applies it exactly.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if os.environ.get("TF_CONFIG"):
+            cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
+        super().__init__(*args, **kwargs)
+        if self.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
+            keras_fixes.install()
+
+    def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
+        """The step hook: a function to run in place of ``step``, or ``None`` for ``step``.
+
+        Args:
+            step: The model's step Keras asked to run.
+
+        Returns:
+            ``fn(*args, **kwargs)`` run on each replica instead; its logs are the global
+            batch's on every replica already (see :meth:`is_global_value`).
+        """
+        del step
+        return None
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """``Strategy.run``; a model's step is checked against :attr:`refusals` first, and runs
+        as :meth:`replacement_step` says.
+
+        A replaced step's logs are returned as the first local replica's plain tensors, and
+        :meth:`is_global_value` says so: Keras then logs them as they are instead of averaging
+        every scalar across the replicas (across workers, a collective of 1-2 ms per step).
+        """
+        step = KerasStep.of(fn)
+        replacement = None if step is None else self.replacement_step(step)
+        if step is not None:
+            step = KerasStep(step.model, step.name, step.is_keras_own, replacement is not None)
+            for refusal in self.refusals:
+                refusal(self, step)
+        if replacement is None:
+            return super().run(fn, args=args, kwargs=kwargs, options=options)
+        import tensorflow as tf
+
+        logs = super().run(replacement, args=args, kwargs=kwargs, options=options)
+        logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)
+        self._global_values = {v.ref() for v in tree.flatten(logs) if isinstance(v, tf.Tensor)}
+        return logs
+
+    def is_global_value(self, value: Any) -> bool:
+        """Whether ``value`` is a log of a replaced step: the same on every replica and worker,
+        so there is nothing to reduce (the :class:`tfpar.compat.keras_fixes.ReportsGlobalValues`
+        protocol)."""
+        import tensorflow as tf
+
+        return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """``Strategy.experimental_distribute_dataset``, iterators freed in the background."""
+        return releasing_iterators(super().experimental_distribute_dataset(dataset, options))
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        """``Strategy.distribute_datasets_from_function``, iterators freed in the background."""
+        return releasing_iterators(super().distribute_datasets_from_function(dataset_fn,
+                                                                             options))

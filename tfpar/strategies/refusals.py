@@ -1,0 +1,175 @@
+"""What tfpar's strategies cannot run, as data: each :class:`Refusal` checks the Keras step a
+strategy is asked to run and raises one line naming the alternative (or warns once where the
+step trains, but not as on one device).
+
+A strategy class lists its refusals in :attr:`tfpar.strategies.base.TfparStrategy.refusals`;
+the base class checks them once per ``Strategy.run`` of a model's step. Measured on
+TensorFlow 2.21 / Keras 3.15:
+
+- :data:`KERAS_UPDATE_IN_COND` (every ``MirroredStrategy``-family strategy running a step that
+  calls ``optimizer.apply``: Keras's own ``train_step`` under ``mirrored``, ``central_storage``
+  and ``multi_worker``; a model's own ``train_step`` under every entry):
+  ``gradient_accumulation_steps`` and ``ema_overwrite_frequency``. Keras applies them inside
+  ``tf.cond``, where TensorFlow forbids the cross-replica update (``RuntimeError: merge_call
+  called while defining a new graph``), even on one device.
+- :data:`REPLICA_ASSIGNS` (``central_storage``): ``use_ema`` and variable constraints. Keras
+  assigns the variables in the replica context, which ``CentralStorageStrategy`` forbids for
+  variables without an aggregation (``ValueError: You must specify an aggregation method``).
+- :data:`CLIPPING_PER_REPLICA` (warned once, several replicas): ``clipnorm``,
+  ``global_clipnorm``, ``clipvalue``. Keras clips each replica's gradient before the
+  all-reduce, so training differs from one device.
+- :data:`MULTI_STEP_EXECUTION` (several workers): ``steps_per_execution > 1`` (see
+  :func:`tfpar.strategies.multi_worker_options.check_steps_per_execution`).
+
+The all-reduce step (Keras's ``train_step`` under ``allreduce`` and ``multi_worker_allreduce``)
+applies every optimizer feature above exactly (:mod:`tfpar.allreduce.step`), so the optimizer
+refusals do not apply to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+
+import keras
+
+from tfpar.errors import ConfigError
+from tfpar.errors import InexactUpdateWarning
+from tfpar.strategies.multi_worker_options import check_steps_per_execution
+
+if TYPE_CHECKING:
+    from tfpar.strategies.base import TfparStrategy
+
+#: The model methods Keras's ``fit``, ``evaluate`` and ``predict`` pass to ``Strategy.run``.
+KERAS_STEPS = ("train_step", "test_step", "predict_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasStep:
+    """A model's step that Keras asked a strategy to run.
+
+    Attributes:
+        model: The model.
+        name: ``"train_step"``, ``"test_step"`` or ``"predict_step"``.
+        is_keras_own: Whether it is Keras's own method (the model's class does not override it).
+        replaced: Whether the strategy runs a step of its own in its place (the all-reduce
+            step for Keras's ``train_step``).
+    """
+
+    model: keras.Model
+    name: str
+    is_keras_own: bool
+    replaced: bool = False
+
+    @classmethod
+    def of(cls, fn: Any) -> KerasStep | None:
+        """The step ``fn`` is, if it is a bound step method of a Keras model, else ``None``."""
+        model = getattr(fn, "__self__", None)
+        name = getattr(fn, "__name__", "")
+        if not isinstance(model, keras.Model) or name not in KERAS_STEPS:
+            return None
+        return cls(model, name, getattr(fn, "__func__", None) is getattr(keras.Model, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """One thing a strategy cannot run, checked on the steps it applies to.
+
+    Attributes:
+        name: A short name (for listings and tests).
+        steps: The step names it checks.
+        check: ``check(strategy, step)``: raises :class:`~tfpar.errors.ConfigError` (or warns)
+            for what the strategy cannot run.
+        checks_replaced_steps: Whether it also checks a step the strategy replaced with its
+            own (the optimizer refusals do not: the all-reduce step applies them exactly).
+    """
+
+    name: str
+    steps: tuple[str, ...]
+    check: Callable[[TfparStrategy, KerasStep], None]
+    checks_replaced_steps: bool = True
+
+    def __call__(self, strategy: TfparStrategy, step: KerasStep) -> None:
+        """Checks ``step`` under ``strategy`` if this refusal applies to it."""
+        if step.name in self.steps and (self.checks_replaced_steps or not step.replaced):
+            self.check(strategy, step)
+
+
+def _optimizer(model: keras.Model) -> Any:
+    """The model's optimizer (the inner one of a ``LossScaleOptimizer``), or ``None``."""
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def _update_in_cond(strategy: TfparStrategy, step: KerasStep) -> None:
+    optimizer = _optimizer(step.model)
+    if optimizer is None:
+        return
+    in_cond = [f"{name}={getattr(optimizer, name)}"
+               for name in ("gradient_accumulation_steps", "ema_overwrite_frequency")
+               if getattr(optimizer, name, None) and (
+                   name != "ema_overwrite_frequency" or optimizer.use_ema)]
+    if in_cond:
+        raise ConfigError(
+            f"The optimizer's {' and '.join(in_cond)} fails under tf.distribute's mirrored "
+            "strategies (Keras applies it inside tf.cond, where TensorFlow forbids the "
+            f"cross-replica update). {strategy.refusal_alternative}")
+
+
+def _replica_assigns(strategy: TfparStrategy, step: KerasStep) -> None:
+    optimizer = _optimizer(step.model)
+    if optimizer is None:
+        return
+    constrained = [v.path for v in step.model.trainable_variables
+                   if getattr(v, "constraint", None) is not None]
+    used = (["use_ema=True"] if optimizer.use_ema else []) + (
+        [f"constraints on {', '.join(constrained)}"] if constrained else [])
+    if used:
+        raise ConfigError(
+            f"Keras cannot apply {' and '.join(used)} under 'central_storage' (it assigns "
+            "the variables where the strategy forbids it). Train with 'mirrored' or "
+            "'allreduce'.")
+
+
+def _clipping_per_replica(strategy: TfparStrategy, step: KerasStep) -> None:
+    optimizer = _optimizer(step.model)
+    if (optimizer is None or strategy.num_replicas_in_sync == 1
+            or getattr(strategy, "_clipping_warned", False)):
+        return
+    clipping = [f"{name}={getattr(optimizer, name)}"
+                for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                if getattr(optimizer, name, None)]
+    if clipping:
+        strategy._clipping_warned = True
+        warnings.warn(
+            f"The optimizer's {clipping[0]} clips each replica's gradient before the "
+            "all-reduce under Keras's train_step, so training differs from one device. "
+            "The 'allreduce' strategy clips the all-reduced gradient, as one device "
+            "does.", InexactUpdateWarning, stacklevel=4)
+
+
+def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
+    if strategy.num_replicas_in_sync != len(strategy.extended.worker_devices):
+        check_steps_per_execution(step.model.steps_per_execution)
+
+
+#: ``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` in a step that calls the
+#: optimizer: refused under every mirrored-family strategy.
+KERAS_UPDATE_IN_COND = Refusal("keras_update_in_cond", ("train_step",), _update_in_cond,
+                               checks_replaced_steps=False)
+#: ``use_ema`` and constraints: refused under ``central_storage``.
+REPLICA_ASSIGNS = Refusal("replica_assigns", ("train_step",), _replica_assigns,
+                          checks_replaced_steps=False)
+#: Gradient clipping before the all-reduce: warned once on several replicas.
+CLIPPING_PER_REPLICA = Refusal("clipping_per_replica", ("train_step",), _clipping_per_replica,
+                               checks_replaced_steps=False)
+#: ``steps_per_execution > 1``: refused across workers.
+MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_execution)
+
+#: What a strategy running Keras's own optimizer update under ``MirroredStrategy`` refuses.
+KERAS_OPTIMIZER_UPDATE = (KERAS_UPDATE_IN_COND, CLIPPING_PER_REPLICA)
