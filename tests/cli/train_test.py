@@ -53,7 +53,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(
         ("unknown_strategy", ["--strategy=mirroed"], r"Unknown strategy 'mirroed'\. Available"),
         ("unknown_allreduce", ["--strategy=allreduce", "--split_weights=1,x"],
-         r"--split_weights takes positive numbers"),
+         r"--split_weights takes a comma list of numbers"),
         ("zero_devices", ["--num_devices=0"], r"--num_devices takes positive integers"),
         ("non_numeric_devices", ["--num_devices=two"], r"--num_devices takes positive integers"),
         ("too_many_devices", ["--num_devices=100"], r"from 1 to 64\. Received: 100"),

@@ -99,12 +99,26 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                 [sys.executable, "-c", f"import {module}; from absl import flags; "
                  "print(' '.join(flags.FLAGS))"], capture_output=True, text=True, timeout=60)
             defined[script] = set(listing.stdout.split())
+        # The quickstart's table of the train command's flags.
+        for row in re.findall(r"^\| (`--.*?) \|", read(os.path.join(ROOT, "docs", "guide",
+                                                                   "quickstart.md")), re.M):
+            commands.append(("train", row.replace("`", " ")))
         for script, arguments in commands:
             arguments = arguments.split(" -- ")[0]  # The launcher's command is checked alone.
             for flag in re.findall(r"--(\w+)", arguments):
                 known = flag in defined[script] or (flag.startswith("no")
                                                     and flag[2:] in defined[script])
                 self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
+
+    def test_the_flag_reference_is_what_the_programs_define(self):
+        # Generated from the flags, which come from the config classes: a flag added, renamed
+        # or given another default or help changes the page (regenerate it as it says).
+        result = subprocess.run([sys.executable, "-m", "tfpar.cli.flag_reference"],
+                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(read(os.path.join(ROOT, "docs", "flags.md")), result.stdout,
+                         "docs/flags.md is stale: python -m tfpar.cli.flag_reference > "
+                         "docs/flags.md")
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ class BuiltinsTest(testing.StrategyTestCase):
             strategies.get("mirrored", 2, num_packs=2)
 
     def test_bad_allreduce_algorithm(self):
-        with self.assertRaisesRegex(ConfigError, r"Unknown all-reduce algorithm 'tree'\. "
-                                                   r"Available: collective, naive, ring\."):
+        with self.assertRaisesRegex(ConfigError, r"^algorithm must be one of collective, naive, "
+                                                   r"ring \(the all-reduce algorithm\)\. "
+                                                   r"Received: algorithm='tree'\.$"):
             strategies.get("allreduce", 2, algorithm="tree")
 
 

@@ -1,13 +1,14 @@
 """The options of tfpar's all-reduce step, and their checks (no TensorFlow at import).
 
-The command line's flags take their choices and defaults from here, so ``--help`` and every
-flag check answer before TensorFlow is imported.
+The command line's flags are derived from :class:`StepOptions` (:mod:`tfpar.cli.config_flags`),
+so ``--help`` and every flag check answer before TensorFlow is imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from tfpar.config_fields import field
 from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 
@@ -24,8 +25,9 @@ def check_algorithm(algorithm: str) -> None:
         OptionValueError: If it is not.
     """
     if algorithm not in ALGORITHMS:
-        raise OptionValueError(f"Unknown all-reduce algorithm {algorithm!r}. Available: "
-                            f"{', '.join(ALGORITHMS)}.")
+        raise OptionValueError(f"{{argument}} must be one of {', '.join(ALGORITHMS)} (the "
+                               f"all-reduce algorithm). Received: {{argument}}={algorithm!r}.",
+                               argument="algorithm")
 
 
 def check_bytes_per_pack(bytes_per_pack: object, zero_means: str) -> None:
@@ -46,35 +48,34 @@ COMPRESSIONS = ("none", "fp16", "bf16")
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-    """How the all-reduce step reduces gradients.
+    """How the all-reduce step reduces gradients: the options of the ``allreduce`` entries,
+    and the train command's flags of the same names (``algorithm`` is ``--allreduce``).
 
     Attributes:
-        algorithm: All-reduce algorithm, one of :data:`ALGORITHMS`.
-        bytes_per_pack: Gradient bucket size in bytes (0: one reduction per variable).
-        split_weights: Per-replica shares of each batch (e.g. ``(3, 1)`` for a fast and a slow
-            device); an even split when ``None``.
-        gradient_compression: ``"none"``, or ``"fp16"``/``"bf16"``: the gradients travel in
-            that dtype (half the bytes) and are cast back to float32 after the all-reduce.
-            They are divided by the global example count first, so they are in range.
-        accumulation_steps: Each replica's shard of a batch is processed as this many
-            micro-batches, one after the other (activations of one at a time in memory), their
-            gradients summed locally, then all-reduced once: the update is exactly one step on
-            the whole batch, with one all-reduce per ``accumulation_steps`` micro-batches.
+        algorithm: All-reduce algorithm of the hand-written step (collective: TensorFlow's
+            collective ops; naive, ring: tfpar's, within one process).
+        bytes_per_pack: Gradient bucket size in bytes: buckets are all-reduced from the last
+            layer to the first, each as soon as it is ready, overlapping the backward pass
+            (0: one reduction per variable). The 'multi_worker' entry gives it to TensorFlow's
+            all-reduce (0 there: one reduction after the whole backward pass).
+        split_weights: Per-device shares of each batch, e.g. 3,1 for a fast and a slow device
+            (an even split if unset).
+        gradient_compression: The dtype gradients travel in (fp16, bf16: half the bytes),
+            cast back to float32 after the all-reduce; they are divided by the global example
+            count first, so they are in range.
+        accumulation_steps: Each update trains this many micro-batches of the batch size,
+            one after the other, with one all-reduce: exactly one step on a batch this many
+            times larger, with as many times fewer all-reduces (and the activations of one
+            micro-batch at a time in memory).
     """
 
-    algorithm: str = "collective"
+    algorithm: str = field("collective", choices=ALGORITHMS, flag="allreduce")
     bytes_per_pack: int = DEFAULT_BYTES_PER_PACK
     split_weights: tuple[float, ...] | None = None
-    gradient_compression: str = "none"
+    gradient_compression: str = field("none", choices=COMPRESSIONS)
     accumulation_steps: int = 1
 
-    def check(self, num_replicas: int, num_local_replicas: int) -> None:
-        """Raises for options that cannot run on this many replicas.
-
-        Raises:
-            OptionValueError: For an unknown algorithm.
-            ConfigError: For a bad ``bytes_per_pack`` or ``split_weights``.
-        """
+    def __post_init__(self):
         check_algorithm(self.algorithm)
         if self.gradient_compression not in COMPRESSIONS:
             raise ConfigError(f"Unknown {{argument}} {self.gradient_compression!r}. "
@@ -86,6 +87,20 @@ class StepOptions:
                               f"{{argument}}={self.accumulation_steps!r}.",
                               argument="accumulation_steps")
         check_bytes_per_pack(self.bytes_per_pack, "one reduction per variable")
+        if self.split_weights is not None and not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
+                for w in self.split_weights):
+            raise ConfigError("{argument} must be positive numbers, one per replica. "
+                              f"Received: {{argument}}={list(self.split_weights)}.",
+                              argument="split_weights")
+
+    def check(self, num_replicas: int, num_local_replicas: int) -> None:
+        """Raises for options that cannot run on this many replicas (the rest is checked when
+        the options are built).
+
+        Raises:
+            ConfigError: For an algorithm or ``split_weights`` that cannot run there.
+        """
         if self.algorithm != "collective" and num_local_replicas != num_replicas:
             raise ConfigError(f"All-reduce algorithm {self.algorithm!r} works within one "
                               "process; across workers use 'collective'.")

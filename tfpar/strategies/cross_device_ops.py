@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+from tfpar.config_fields import check_choices
+from tfpar.config_fields import field
 from tfpar.errors import OptionValueError
 
 if TYPE_CHECKING:
@@ -12,6 +15,22 @@ if TYPE_CHECKING:
     from tfpar import devices as devices_lib
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionOptions:
+    """How one process's devices reduce: the option of the ``mirrored`` and ``allreduce``
+    entries, and the train command's flag of the same name.
+
+    Attributes:
+        cross_device_ops: Gradient reduction across one process's devices (auto: NCCL on
+            GPUs, reduction to one device otherwise).
+    """
+
+    cross_device_ops: str = field("auto", choices=CROSS_DEVICE_OPS)
+
+    def __post_init__(self):
+        check_choices(self, OptionValueError)
 
 
 def make_cross_device_ops(kind: str, devices: devices_lib.DeviceSet

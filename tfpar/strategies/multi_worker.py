@@ -9,11 +9,10 @@ import tensorflow as tf
 from tfpar import devices as devices_lib
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.compat import coordination
-from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 from tfpar.multiworker import cluster as cluster_lib
 from tfpar.strategies.base import TfparStrategy
-from tfpar.strategies.multi_worker_options import IMPLEMENTATIONS
+from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
 from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
 
@@ -45,24 +44,15 @@ def _leave_a_thread_for_collectives() -> None:
         pass  # TensorFlow has initialised: its threads are fixed.
 
 
-def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: str,
-         cluster: str, worker_hosts: tuple[str, ...] | None, task_index: int | None,
-         cluster_timeout: float, bytes_per_pack: int = 0,
-         heartbeat_timeout: float | None = None, **extra) -> tf.distribute.Strategy:
-    """Checks the options, waits for the cluster, builds the strategy.
+def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWorkerOptions,
+         bytes_per_pack: int = 0, **extra) -> tf.distribute.Strategy:
+    """Checks the options against the devices, waits for the cluster, builds the strategy.
 
     Args:
         strategy_class: ``tf.distribute.MultiWorkerMirroredStrategy`` or a subclass.
         devices: This worker's devices (one CPU, or its GPUs).
-        implementation: One of :data:`IMPLEMENTATIONS`.
-        cluster: Where the cluster comes from (see :func:`tfpar.multiworker.cluster.resolver`).
-        worker_hosts: ``host:port`` of every worker (cluster ``"flags"``).
-        task_index: This worker's index in ``worker_hosts``.
-        cluster_timeout: Seconds to wait for the peers.
+        options: How to find and talk to the peers.
         bytes_per_pack: Gradient bucket size of TensorFlow's all-reduce.
-        heartbeat_timeout: Seconds without a heartbeat after which a worker is declared lost
-            and the job stops (``None``: TensorFlow's default, 10 s; see
-            :mod:`tfpar.compat.coordination`).
         **extra: More arguments of ``strategy_class``.
 
     Returns:
@@ -70,36 +60,31 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, implementation: s
 
     Raises:
         OptionValueError: For an implementation the devices cannot run.
-        ConfigError: For a bad timeout or bucket size.
+        ConfigError: For a bad bucket size.
         ClusterError: If the cluster spec is malformed or the peers do not come up.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise OptionValueError(f"Unknown collective implementation {implementation!r}. Allowed: "
-                            f"{', '.join(IMPLEMENTATIONS)}.")
-    if implementation == "nccl" and not devices.is_gpu_only:
+    if options.implementation == "nccl" and not devices.is_gpu_only:
         raise OptionValueError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
-                            "Use 'ring' or 'auto'.")
+                               "Use 'ring' or 'auto'.")
     if not devices.is_gpu_only and len(devices) != 1:
-        raise OptionValueError("On CPUs each multi_worker process runs one replica; use one device "
-                            f"per worker and more workers. Received: {devices}.")
-    if isinstance(cluster_timeout, bool) or not (isinstance(cluster_timeout, (int, float))
-                                                 and cluster_timeout > 0):
-        raise ConfigError(f"cluster_timeout must be a positive number of seconds. Received: "
-                          f"{cluster_timeout!r}.")
-    coordination.check_heartbeat_timeout(heartbeat_timeout)
-    resolver = cluster_lib.resolver(cluster, worker_hosts, task_index)
+        raise OptionValueError("On CPUs each multi_worker process runs one replica; use one "
+                               f"device per worker and more workers. Received: {devices}.")
+    check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
+    resolver = cluster_lib.resolver(options.cluster, options.worker_hosts, options.task_index)
     _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")
     kind = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[implementation]
-    check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
-    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack,
-                                                              implementation=kind)
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+            }[options.implementation]
+    communication = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack, implementation=kind)
     if resolver is not None and resolver.cluster_spec().jobs:
-        coordination.configure_heartbeat_timeout(resolver.cluster_spec(), heartbeat_timeout)
+        coordination.configure_heartbeat_timeout(resolver.cluster_spec(),
+                                                 options.heartbeat_timeout)
     return cluster_lib.connect(
-        lambda: strategy_class(cluster_resolver=resolver, communication_options=options, **extra),
-        resolver, cluster_timeout)
+        lambda: strategy_class(cluster_resolver=resolver, communication_options=communication,
+                               **extra),
+        resolver, options.cluster_timeout)

@@ -10,6 +10,10 @@ import dataclasses
 import math
 from typing import Any
 
+from tfpar import config_fields
+from tfpar import models
+from tfpar.config_fields import field
+from tfpar.data import catalog
 from tfpar.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam")
@@ -20,56 +24,60 @@ DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
 class TrainConfig:
     """What to train and how. Batch size and learning rate are those of a one-device run.
 
+    Every field is a flag of the train command (:mod:`tfpar.cli.train`), with this text as
+    its help.
+
     Attributes:
-        strategy: Registry name of the strategy.
+        strategy: Registry strategy; --list_strategies prints them all.
         strategy_options: Options of that registry entry.
-        model: Model name (see ``tfpar.models.available()``).
-        dataset: Dataset name (see ``tfpar.data.available()``).
-        data_dir: TFDS data directory.
+        model: Model to train.
+        dataset: Dataset; 'digits' and 'synthetic' need no download.
+        data_dir: TFDS data directory (TFDS's default if unset).
         batch_size: Global batch size (over all replicas) of a forward and backward pass; a
             step (one update) trains ``accumulation_steps`` such micro-batches when the
             strategy takes that option.
         lr: Learning rate.
-        scale_with_devices: Multiply batch size and learning rate by the number of devices
-            (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
-        warmup_epochs: Epochs over which the learning rate rises linearly to its value, from
-            ``lr`` with ``scale_with_devices`` on several devices, else from 0 (0: none).
-        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
-        momentum: SGD momentum (0 is the seeds' plain SGD).
+        scale_with_devices: Multiply batch size and learning rate by the number of devices of
+            each set (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
+        warmup_epochs: Raise the learning rate linearly over this many epochs: from ``lr`` to
+            the scaled rate with ``scale_with_devices`` on several devices (Goyal et al.), else
+            from 0 (0: no warm-up).
+        optimizer: Optimizer (SGD with ``momentum``, or Adam).
+        momentum: SGD momentum (0 gives the seeds' plain SGD).
         epochs: Training epochs.
         seed: Seed of weights and shuffling.
-        sync_batchnorm: Compute BatchNorm statistics over the global batch.
-        verbose: Keras verbosity (1: progress bars, 2: a line per epoch, 0: silent).
+        sync_batchnorm: Compute BatchNorm statistics over the global batch (ResNet-18).
+        verbose: Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.
         chief_only_progress: In multi-worker training, only the chief shows progress and
             reports (the other workers train silently).
-        model_dir: Where training state is saved after every epoch (one sub-folder per device
-            set); ``None``: not saved.
-        resume: Resume from the state in ``model_dir`` when there is some.
-        deterministic: Make TensorFlow ops deterministic, so two runs on the same device set
-            give identical weights (slower on GPUs).
-        dtype: Keras dtype policy: ``float32``, ``bfloat16``, or mixed precision
-            ``mixed_float16`` (with dynamic loss scaling) / ``mixed_bfloat16``.
-        jit_compile: Compile the training step with XLA.
+        model_dir: Save training state here after every epoch (one sub-folder per device set),
+            to resume after a crash or kill; unset: not saved.
+        resume: Resume from the state in ``model_dir`` when there is some (false starts from
+            scratch and overwrites it).
+        deterministic: Deterministic TensorFlow ops: with ``seed``, two runs on the same device
+            set give identical weights and accuracy (slower on GPUs).
+        dtype: Keras dtype policy; mixed_float16 trains with dynamic loss scaling.
+        jit_compile: Compile the training step with XLA (one CPU device, or GPUs).
         steps_per_execution: Training steps per compiled call.
-        profile_steps: ``(first, last)`` steps to trace for TensorBoard's profiler.
-        profile_dir: Where the trace goes.
-        logdir: Where TensorBoard logs go, one run per device set
-            (``{logdir}/{strategy}_{n}_devices``): per epoch, Keras's scalars (loss, accuracy,
-            learning rate) and tfpar's (test accuracy, epoch seconds, images/s), the device
-            set as text, and the ``profile_steps`` trace. Only the chief writes. ``None``: no
-            logs.
+        profile_steps: first,last steps to trace for TensorBoard's profiler, e.g. 10,15.
+        profile_dir: Where ``profile_steps`` writes the trace.
+        logdir: Write TensorBoard logs here, one run per device set
+            (DIR/{strategy}_{n}_devices): per epoch, Keras's scalars (loss, accuracy, learning
+            rate) and tfpar's (test accuracy, epoch seconds, images/s), the device set as text,
+            and the ``profile_steps`` trace; only the chief writes. View them with
+            `tensorboard --logdir=DIR`.
     """
 
     strategy: str = "mirrored"
-    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    model: str = "lenet"
-    dataset: str = "fashion_mnist"
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    model: str = field("lenet", choices=models.available)
+    dataset: str = field("fashion_mnist", choices=catalog.available)
     data_dir: str | None = None
     batch_size: int = 64
     lr: float = 0.05
     scale_with_devices: bool = False
     warmup_epochs: float = 0.0
-    optimizer: str = "sgd"
+    optimizer: str = field("sgd", choices=OPTIMIZERS)
     momentum: float = 0.9
     epochs: int = 10
     seed: int = 0
@@ -79,7 +87,7 @@ class TrainConfig:
     model_dir: str | None = None
     resume: bool = True
     deterministic: bool = False
-    dtype: str = "float32"
+    dtype: str = field("float32", choices=DTYPES)
     jit_compile: bool = False
     steps_per_execution: int = 1
     profile_steps: tuple[int, int] | None = None
@@ -87,6 +95,7 @@ class TrainConfig:
     logdir: str | None = None
 
     def __post_init__(self):
+        config_fields.check_choices(self, ConfigError)
         received = "Received: {argument}="
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size",
                f"{{argument}} must be an integer >= 1. {received}{self.batch_size!r}.")
@@ -98,15 +107,10 @@ class TrainConfig:
                f"{{argument}} must be a number >= 0. {received}{self.warmup_epochs!r}.")
         _check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs",
                f"{{argument}} must be an integer >= 1. {received}{self.epochs!r}.")
-        _check(self.optimizer in OPTIMIZERS, "optimizer",
-               f"{{argument}} must be one of {', '.join(OPTIMIZERS)}. "
-               f"{received}{self.optimizer!r}.")
         _check(0 <= self.momentum < 1, "momentum",
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
-        _check(self.dtype in DTYPES, "dtype",
-               f"{{argument}} must be one of {', '.join(DTYPES)}. {received}{self.dtype!r}.")
         _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
                "steps_per_execution", f"{{argument}} must be an integer >= 1. "
                f"{received}{self.steps_per_execution!r}.")

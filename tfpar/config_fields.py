@@ -1,0 +1,112 @@
+"""Config dataclasses declared once: each field's default, its allowed values and its
+description, from which the command-line programs derive their flags
+(:mod:`tfpar.cli.config_flags`).
+
+A config class is a frozen dataclass whose docstring's ``Attributes:`` section (Google style)
+describes every field: that text is the flag's help. :func:`field` adds what a flag needs
+beyond the type and default: the allowed values (``choices``: a tuple, or a function returning
+one, such as a registry's ``available``) and, where it differs, the flag's name. The class
+checks its values itself (``__post_init__``), so a value is checked the same way whether it
+comes from a flag or from Python. No TensorFlow; of tfpar, only :mod:`tfpar.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+from tfpar.errors import TfparError
+
+Choices = Sequence[str] | Callable[[], Sequence[str]]
+
+_CHOICES = "tfpar.choices"
+_FLAG = "tfpar.flag"
+
+
+def field(default: Any = dataclasses.MISSING, *, choices: Choices | None = None,
+          flag: str | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with what its flag needs.
+
+    Args:
+        default: The default value.
+        choices: The allowed values, or a function returning them (evaluated when the flags
+            are defined and when the value is checked).
+        flag: The flag's name where it differs from the field's.
+        default_factory: As for :func:`dataclasses.field`.
+
+    Returns:
+        The ``dataclasses.field``.
+    """
+    metadata = {_CHOICES: choices, _FLAG: flag}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The allowed values of field ``f``, or ``None`` when any value of its type is."""
+    allowed = f.metadata.get(_CHOICES)
+    if allowed is None:
+        return None
+    return tuple(allowed() if callable(allowed) else allowed)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The name of the flag that sets field ``f``."""
+    return f.metadata.get(_FLAG) or f.name
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (for signatures that share it)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def descriptions(cls: type) -> dict[str, str]:
+    """Each field's description, from the ``Attributes:`` section of ``cls``'s docstring, as
+    one line (reStructuredText's double backquotes dropped)."""
+    doc = inspect.getdoc(cls) or ""
+    match = re.search(r"^Attributes:\n((?:[ \t]+.*\n?|\n)*)", doc, re.MULTILINE)
+    if not match:
+        return {}
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in match.group(1).splitlines():
+        item = re.match(r"^    (\w+)(?: \(.*?\))?: (.*)$", line)
+        if item:
+            current = item.group(1)
+            found[current] = [item.group(2)]
+        elif current and line.startswith("        "):
+            found[current].append(line.strip())
+    return {name: " ".join(lines).replace("``", "") for name, lines in found.items()}
+
+
+def check_choice(value: Any, f_or_cls: Any, name: str | None = None, *,
+                 error: type[TfparError]) -> None:
+    """Raises ``error`` unless ``value`` is one of the field's choices.
+
+    Args:
+        value: The value.
+        f_or_cls: The field, or the dataclass with ``name``.
+        name: The field's name, with a class.
+        error: The error type to raise.
+    """
+    f = (f_or_cls if isinstance(f_or_cls, dataclasses.Field)
+         else next(f for f in dataclasses.fields(f_or_cls) if f.name == name))
+    allowed = choices_of(f)
+    if allowed is not None and value not in allowed:
+        raise error(f"{{argument}} must be one of {', '.join(allowed)}. "
+                    f"Received: {{argument}}={value!r}.", argument=f.name)
+
+
+def check_choices(config: Any, error: type[TfparError]) -> None:
+    """Raises ``error`` for the first field of dataclass instance ``config`` whose value is
+    not one of its choices."""
+    for f in dataclasses.fields(config):
+        check_choice(getattr(config, f.name), f, error=error)
