@@ -96,6 +96,17 @@ def gpu_count() -> int:
 PER_DEVICE_THREAD_POOLS_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 
 
+def _check_split(count: int, threads_per_device: int | None) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_LOGICAL_CPUS:
+        raise DeviceError(f"The number of logical CPU devices must be an integer from 1 to "
+                          f"{MAX_LOGICAL_CPUS}. Received: count={count!r}.")
+    if threads_per_device is not None and (isinstance(threads_per_device, bool)
+                                           or not isinstance(threads_per_device, int)
+                                           or threads_per_device < 1):
+        raise DeviceError("threads_per_device must be an integer >= 1. Received: "
+                          f"threads_per_device={threads_per_device!r}.")
+
+
 def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> None:
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
 
@@ -121,14 +132,7 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> No
             has already initialised with fewer logical CPU devices (the split must come
             first), or with other threads than asked for.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_LOGICAL_CPUS:
-        raise DeviceError(f"The number of logical CPU devices must be an integer from 1 to "
-                          f"{MAX_LOGICAL_CPUS}. Received: count={count!r}.")
-    if threads_per_device is not None and (isinstance(threads_per_device, bool)
-                                           or not isinstance(threads_per_device, int)
-                                           or threads_per_device < 1):
-        raise DeviceError("threads_per_device must be an integer >= 1. Received: "
-                          f"threads_per_device={threads_per_device!r}.")
+    _check_split(count, threads_per_device)
     have = logical_cpu_count()
     if have < count:
         try:

@@ -168,21 +168,6 @@ def parse_count(flag: str, text: str, least: int = 1) -> int:
     return value
 
 
-def parse_positive_float(flag: str, text: str) -> float:
-    """Parses one item of a list flag of positive numbers (e.g. ``--split_weights``).
-
-    Raises:
-        ConfigError: If ``text`` is not a number > 0.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ConfigError(f"{flag} takes positive numbers such as 3,1. Received: {text!r}.")
-    return value
-
-
 def strategy_options(strategy: str, values: dict[str, Any],
                      flag_names: dict[str, str] | None = None) -> dict[str, Any]:
     """Returns the flag values that the strategy's registry entry takes as options.

@@ -55,8 +55,8 @@ def page() -> str:
     """The whole page: every program's table, each made in a process of its own."""
     parts = [HEADER]
     for script, module in PROGRAMS.items():
-        listing = subprocess.run([sys.executable, "-m", "tfpar.cli.flag_reference", module], capture_output=True,
-                                 text=True, check=True)
+        listing = subprocess.run([sys.executable, "-m", "tfpar.cli.flag_reference", module],
+                                 capture_output=True, text=True, check=True)
         name = script if script.startswith("tfpar-") else f"scripts/{script}.py"
         parts.append(f"## `{name}`\n\n{listing.stdout}")
     return "\n".join(parts)

@@ -171,25 +171,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             private network cannot be made here, or ``max_restarts`` is set without
             ``--model_dir`` in the command.
     """
-    if not command:
-        raise ConfigError("The command to run is empty: give the program and its arguments, "
-                          "e.g. python scripts/train.py --strategy=multi_worker.")
-    if num_workers < 1:
-        raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
-                          f"{{argument}}={max_restarts!r}.", argument="max_restarts")
     model_dir = model_dir_of(command)
-    if max_restarts and model_dir is None:
-        raise ConfigError("{argument} > 0 restarts the job from its last saved epoch: the "
-                          "command must carry --model_dir=DIR (where the epochs are saved). "
-                          f"Received: {{argument}}={max_restarts}.", argument="max_restarts")
-    if network not in NETWORKS:
-        raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
-    if network == "private" and not _is_loopback(host):
-        raise ConfigError(f"A private network has only loopback: host must be a loopback "
-                          f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
-                          "for another address.")
+    _check_launch(command, num_workers, host, network, max_restarts, model_dir)
     out = out or sys.stdout
     for restart in range(max_restarts + 1):
         if restart and model_dir is not None:  # Checked above: restarts need a model_dir.
@@ -208,6 +191,29 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); exiting "
                   f"with the failed worker's status ({status}).\n")
     return status
+
+
+def _check_launch(command: Sequence[str], num_workers: int, host: str, network: str,
+                  max_restarts: int, model_dir: str | None) -> None:
+    """Raises :class:`ConfigError` for what :func:`launch` cannot run (see its Raises)."""
+    if not command:
+        raise ConfigError("The command to run is empty: give the program and its arguments, "
+                          "e.g. python scripts/train.py --strategy=multi_worker.")
+    if num_workers < 1:
+        raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
+                          f"{{argument}}={max_restarts!r}.", argument="max_restarts")
+    if max_restarts and model_dir is None:
+        raise ConfigError("{argument} > 0 restarts the job from its last saved epoch: the "
+                          "command must carry --model_dir=DIR (where the epochs are saved). "
+                          f"Received: {{argument}}={max_restarts}.", argument="max_restarts")
+    if network not in NETWORKS:
+        raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
+    if network == "private" and not _is_loopback(host):
+        raise ConfigError(f"A private network has only loopback: host must be a loopback "
+                          f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
+                          "for another address.")
 
 
 def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextIO,
@@ -236,7 +242,28 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
          namespace: private_network.Namespace | None) -> int:
     """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
     lock = threading.Lock()
-    processes, threads = [], []
+    processes = _start_workers(command, configs, all_output, namespace)
+    threads = []
+    for rank, p in enumerate(processes):
+        t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
+                             daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        return _supervise(processes, out, lock)
+    finally:
+        for t in threads:
+            t.join(timeout=5)
+
+
+def _start_workers(command: Sequence[str], configs: Sequence[str], all_output: bool,
+                   namespace: private_network.Namespace | None) -> list[subprocess.Popen]:
+    """One process of ``command`` per ``TF_CONFIG``, each its own session, output piped.
+
+    Raises:
+        ConfigError: If the command cannot be run (the workers started are stopped).
+    """
+    processes: list[subprocess.Popen] = []
     for config in configs:
         env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1",
                ALL_OUTPUT_ENV: "1" if all_output else "0",
@@ -252,11 +279,12 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
             reason = getattr(e, "strerror", None) or e
             raise ConfigError(f"Cannot run {command[0]!r}: {reason}. Give a program on "
                               "PATH or its path, e.g. -- python scripts/train.py.") from None
-    for rank, p in enumerate(processes):
-        t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
-                             daemon=True)
-        t.start()
-        threads.append(t)
+    return processes
+
+
+def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.Lock) -> int:
+    """Waits for the workers: 0 when all succeed; the first failure stops the others and
+    returns its status; Ctrl-C or SIGTERM stops them all and raises :class:`_Interrupted`."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
@@ -279,5 +307,3 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
         raise _Interrupted from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for t in threads:
-            t.join(timeout=5)

@@ -106,75 +106,120 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     """
     device_set = devices_lib.resolve(devices)
     strategy = strategy or strategies.get(config.strategy, device_set, **config.strategy_options)
-    name = strategies.selection(strategy).name
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
                           f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
                           "least one example. Raise {argument}.", argument="batch_size")
     splits = splits or loading.load(config.dataset, config.data_dir)
+    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
-                 config.model, device_set, name, strategy.num_replicas_in_sync,
-                 batch_size, lr)
-    model = _compiled_model(config, device_set, strategy, splits, batch_size, lr)
-    timer = EpochTimer(splits.num_train)
-    loss_guard = StopOnNonFiniteLoss()
-    chief = cluster.is_chief(strategy)
-    fit_callbacks: list[keras.callbacks.Callback] = [timer, loss_guard]
-    if not config.sync_batchnorm and model.non_trainable_variables:
-        # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
-        fit_callbacks.append(AverageAtEpochEnd(strategy))
-    # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+                 config.model, device_set, strategies.selection(strategy).name,
+                 strategy.num_replicas_in_sync, batch_size, lr)
+    model = _compiled_model(config, device_set, strategy, splits, steps_per_epoch, lr)
     test = pipelines.pipeline(splits.test, batch_size)
-    fit_callbacks.append(evaluation.TestAccuracy(test, strategy))
-    initial_epoch, checkpoint = 0, None
-    if config.model_dir:
-        checkpoint = _epoch_checkpoint(config, model, strategy)
-        initial_epoch = checkpoint.restore() if config.resume else 0
-        fit_callbacks.append(checkpoint)
-    # The epochs a resumed run did not train itself, for its report (each epoch once).
-    earlier = {name: list(values) for name, values in checkpoint.history.items()
-               } if checkpoint else {}
-    if chief:
-        fit_callbacks += _chief_logs(config, strategy, device_set)
-    fit_callbacks += list(callbacks)
-    train, fit_args = _training_data(config, splits, batch_size, initial_epoch, fit_callbacks)
-    fit_args.update(epochs=config.epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks,
-                    verbose=config.verbose if chief or not config.chief_only_progress else 0)
-    history = _fit(model, train, fit_args, config, strategy, checkpoint).history
+    run = _RunCallbacks.make(config, model, strategy, device_set, splits.num_train, test,
+                             callbacks)
+    train, fit_args = _training_data(config, splits, batch_size, steps_per_epoch,
+                                     run.initial_epoch, run.callbacks)
+    fit_args.update(epochs=config.epochs, initial_epoch=run.initial_epoch,
+                    callbacks=run.callbacks,
+                    verbose=config.verbose if run.chief or not config.chief_only_progress else 0)
+    history = _fit(model, train, fit_args, config, strategy, run.checkpoint).history
+    timer = run.timer
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
-        strategy=name, devices=replica_devices(strategy, device_set),
-        model=config.model,
+        strategy=strategies.selection(strategy).name,
+        devices=replica_devices(strategy, device_set), model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=(history["test_accuracy"][-1] if timed
                        else evaluation.accuracy(model, test, strategy)),
         sec_per_epoch=timer.steady_epoch_seconds if timed else math.nan,
         first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
         images_per_second=timer.steady_images_per_second if timed else math.nan,
-        epoch_seconds=list(timer.epoch_seconds),
-        history={k: earlier.get(k, [])[:initial_epoch] + [float(v) for v in vs]
-                 for k, vs in history.items()},
-        is_chief=chief)
-    if loss_guard.stopped:
-        assert loss_guard.epoch is not None and loss_guard.step is not None  # Set on a stop.
-        raise NonFiniteLossError(
-            f"Training stopped: the loss became {loss_guard.value} at epoch "
-            f"{loss_guard.epoch + 1}, step {loss_guard.step + 1}, on {device_set}. The learning "
-            f"rate ({lr:g}) is probably too high for the batch size ({batch_size}); lower "
-            "{argument}.", [result], argument="lr")
+        epoch_seconds=list(timer.epoch_seconds), history=run.whole_history(history),
+        is_chief=run.chief)
+    run.raise_if_stopped(result, device_set)
     return result
 
 
+@dataclasses.dataclass
+class _RunCallbacks:
+    """The callbacks of one run, in the order ``fit`` calls them, and those whose figures the
+    run's result reads.
+
+    Attributes:
+        callbacks: Every callback for ``fit``.
+        timer: Epoch seconds and images/s.
+        loss_guard: Stops on a non-finite loss.
+        checkpoint: Per-epoch state (``None`` without ``model_dir``).
+        initial_epoch: The epoch training starts at (after a resume, the next unsaved one).
+        earlier: The logs of the epochs a resumed run did not train itself.
+        chief: Whether this process writes logs and reports.
+    """
+
+    callbacks: list[keras.callbacks.Callback]
+    timer: EpochTimer
+    loss_guard: StopOnNonFiniteLoss
+    checkpoint: EpochCheckpoint | None
+    initial_epoch: int
+    earlier: dict[str, list[float]]
+    chief: bool
+
+    @classmethod
+    def make(cls, config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
+             device_set: devices_lib.DeviceSet, num_train: int, test: tf.data.Dataset,
+             extra: Sequence[keras.callbacks.Callback]) -> _RunCallbacks:
+        """tfpar's callbacks for ``config`` (timing, non-finite stop, BatchNorm average, test
+        accuracy, checkpoints, the chief's logs), then ``extra``; restores a saved state."""
+        timer, loss_guard = EpochTimer(num_train), StopOnNonFiniteLoss()
+        callbacks: list[keras.callbacks.Callback] = [timer, loss_guard]
+        if not config.sync_batchnorm and model.non_trainable_variables:
+            # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
+            callbacks.append(AverageAtEpochEnd(strategy))
+        # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+        callbacks.append(evaluation.TestAccuracy(test, strategy))
+        initial_epoch, checkpoint = 0, None
+        if config.model_dir:
+            checkpoint = _epoch_checkpoint(config, model, strategy)
+            initial_epoch = checkpoint.restore() if config.resume else 0
+            callbacks.append(checkpoint)
+        chief = cluster.is_chief(strategy)
+        if chief:
+            callbacks += _chief_logs(config, strategy, device_set)
+        earlier = {name: list(values) for name, values in checkpoint.history.items()
+                   } if checkpoint else {}
+        return cls([*callbacks, *extra], timer, loss_guard, checkpoint, initial_epoch, earlier,
+                   chief)
+
+    def raise_if_stopped(self, result: RunResult, device_set: devices_lib.DeviceSet) -> None:
+        """Raises if the loss guard stopped training.
+
+        Raises:
+            NonFiniteLossError: Naming the step and the learning rate, holding ``result``.
+        """
+        guard = self.loss_guard
+        if guard.stopped:
+            raise NonFiniteLossError(
+                f"Training stopped: the loss became {guard.value} at epoch "
+                f"{(guard.epoch or 0) + 1}, step {(guard.step or 0) + 1}, on {device_set}. The "
+                f"learning rate ({result.lr:g}) is probably too high for the batch size "
+                f"({result.global_batch_size}); lower {{argument}}.", [result], argument="lr")
+
+    def whole_history(self, history: dict[str, list]) -> dict[str, list[float]]:
+        """``fit``'s history with the epochs before a resume in front (each epoch once)."""
+        return {k: self.earlier.get(k, [])[:self.initial_epoch] + [float(v) for v in vs]
+                for k, vs in history.items()}
+
+
 def _compiled_model(config: TrainConfig, device_set: devices_lib.DeviceSet,
-                    strategy: tf.distribute.Strategy, splits: loading.Splits, batch_size: int,
-                    lr: float) -> keras.Model:
+                    strategy: tf.distribute.Strategy, splits: loading.Splits,
+                    steps_per_epoch: int, lr: float) -> keras.Model:
     """The configured model, seeded, built and compiled under ``strategy``."""
     check_compile_options(config.jit_compile, strategy, device_set)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     warmup_steps = max(1, round(config.warmup_epochs * steps_per_epoch))
     model = build_compiled_model(
         config.model, splits.image_shape, splits.num_classes, strategy,
@@ -207,7 +252,8 @@ def _chief_logs(config: TrainConfig, strategy: tf.distribute.Strategy,
 
 
 def _training_data(config: TrainConfig, splits: loading.Splits, batch_size: int,
-                   initial_epoch: int, callbacks: list[keras.callbacks.Callback]
+                   steps_per_epoch: int, initial_epoch: int,
+                   callbacks: list[keras.callbacks.Callback]
                    ) -> tuple[tf.data.Dataset, dict[str, Any]]:
     """The training data for ``fit`` and the ``fit`` arguments it needs.
 
@@ -218,7 +264,6 @@ def _training_data(config: TrainConfig, splits: loading.Splits, batch_size: int,
     ``callbacks`` tells the data which epoch it is). ``shuffle=False``: the order is the
     data's own (Keras would warn that it ignores shuffle).
     """
-    steps_per_epoch = math.ceil(splits.num_train / batch_size)
     if steps_per_epoch % config.steps_per_execution == 0:
         return (pipelines.epoch_stream(splits.train, splits.num_train, batch_size,
                                        seed=config.seed, first_epoch=initial_epoch),
