@@ -11,7 +11,11 @@ PROGRAMS = ("tfpar.cli.train", "tfpar.cli.benchmark", "tfpar.cli.launch", "tfpar
 TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.multiworker.cluster",
                    "tfpar.multiworker.launcher", "tfpar.strategies.multi_worker_options",
                    "tfpar.training.config", "tfpar.data.catalog", "tfpar.benchmark.runner",
-                   "tfpar.benchmark.report", "tfpar.env")
+                   "tfpar.benchmark.report", "tfpar.benchmark.config", "tfpar.env",
+                   "tfpar.config_fields", "tfpar.cli.config_flags",
+                   "tfpar.strategies.cross_device_ops",
+                   # pytest loads it in every run: TensorFlow only when devices are asked for.
+                   "tfpar.testing.pytest_plugin")
 
 
 def run(code: str) -> list[str]:

@@ -29,16 +29,12 @@ Example::
         tf.test.main()
 """
 
-from tfpar.testing.case import StrategyTestCase
-from tfpar.testing.case import ensure_devices
-from tfpar.testing.case import for_each_strategy
-from tfpar.testing.datasets import tiny_dataset
-from tfpar.testing.reference_runs import fit_steps
-from tfpar.testing.tiny_model import tiny_model
+from tfpar import lazy_exports
 
 __all__ = ["StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps", "tiny_dataset",
            "tiny_model"]
 
-from tfpar import lazy_exports  # noqa: E402
-
-lazy_exports.install(__name__)
+# Imported on first use: the pytest plugin in this package imports no TensorFlow.
+lazy_exports.install(__name__, {
+    "StrategyTestCase": "case", "ensure_devices": "case", "for_each_strategy": "case",
+    "fit_steps": "reference_runs", "tiny_dataset": "datasets", "tiny_model": "models"})
