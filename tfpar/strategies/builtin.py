@@ -2,12 +2,18 @@
 
 ``default``, ``one_device``, ``mirrored``, ``central_storage``, ``allreduce``, ``multi_worker``
 and ``multi_worker_allreduce``. The module imports no TensorFlow: each factory imports what it
-builds, so listing the entries and their options (their factories' signatures) is instant.
+builds, so listing the entries and their options (their factories' signatures, made from the
+option classes) is instant.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+from typing import Any
 
 from tfpar.allreduce.options import StepOptions
 from tfpar.strategies.cross_device_ops import ReductionOptions
@@ -19,10 +25,34 @@ if TYPE_CHECKING:
 
     from tfpar import devices as devices_lib
 
-# The options' defaults are their option classes' (which the command line's flags share).
-_STEP = StepOptions()
-_REDUCTION = ReductionOptions()
-_WORKERS = MultiWorkerOptions()
+
+def _takes(*groups: tuple[type, tuple[str, ...] | None]) -> Callable:
+    """Gives a ``factory(devices, **options)`` the options of the option classes' fields (all,
+    or those named) as its signature, which the registry lists and checks: each option's
+    default is its class's, defined once (the command line's flags derive from the same
+    classes)."""
+    parameters = [inspect.Parameter("devices", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for cls, names in groups:
+        hints = typing.get_type_hints(cls)
+        parameters += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                         default=getattr(cls(), f.name),
+                                         annotation=hints[f.name])
+                       for f in dataclasses.fields(cls) if names is None or f.name in names]
+
+    def give(factory: Callable) -> Callable:
+        factory.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        return factory
+
+    return give
+
+
+def _group(cls: type, options: dict[str, Any], **fixed: Any) -> Any:
+    """The ``cls`` made of the options it has a field for (its defaults for the rest)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in options.items() if k in names}, **fixed)
+
+
+_WORKERS = (MultiWorkerOptions, None)
 
 
 @register("default", max_devices=1)
@@ -42,18 +72,17 @@ def _one_device(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
 
 
 @register("mirrored")
-def _mirrored(devices: devices_lib.DeviceSet,
-              cross_device_ops: str = _REDUCTION.cross_device_ops) -> tf.distribute.Strategy:
+@_takes((ReductionOptions, None))
+def _mirrored(devices: devices_lib.DeviceSet, **options: Any) -> tf.distribute.Strategy:
     """MirroredStrategy: one replica per device, gradients all-reduced, model.fit."""
     from tfpar.strategies.cross_device_ops import make_cross_device_ops
     from tfpar.strategies.mirrored import MirroredStrategy
 
-    return MirroredStrategy(
-        devices.tf_names, cross_device_ops=make_cross_device_ops(cross_device_ops, devices))
+    reduction = _group(ReductionOptions, options)
+    return MirroredStrategy(devices.tf_names, cross_device_ops=make_cross_device_ops(
+        reduction.cross_device_ops, devices))
 
 
-# Keras 3's loss tracker updates its variables wrongly under this strategy: the running loss
-# it logs is wrong after the first step (the weights train exactly; tested).
 @register("central_storage")
 def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
     """CentralStorageStrategy: variables on one device (the CPU for GPU sets), compute mirrored."""
@@ -64,68 +93,42 @@ def _central_storage(devices: devices_lib.DeviceSet) -> tf.distribute.Strategy:
                                   parameter_device=parameter_device)
 
 
-def _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
-                  accumulation_steps) -> StepOptions:
-    return StepOptions(algorithm, bytes_per_pack,
-                       None if split_weights is None else tuple(split_weights),
-                       gradient_compression, accumulation_steps)
-
-
 @register("allreduce")
-def _allreduce(devices: devices_lib.DeviceSet, algorithm: str = _STEP.algorithm,
-               bytes_per_pack: int = _STEP.bytes_per_pack,
-               split_weights: tuple[float, ...] | None = _STEP.split_weights,
-               gradient_compression: str = _STEP.gradient_compression,
-               accumulation_steps: int = _STEP.accumulation_steps,
-               cross_device_ops: str = _REDUCTION.cross_device_ops) -> tf.distribute.Strategy:
+@_takes((StepOptions, None), (ReductionOptions, None))
+def _allreduce(devices: devices_lib.DeviceSet, **options: Any) -> tf.distribute.Strategy:
     """Hand-written exact step in model.fit: split batch, per-replica backward, all-reduce (collective|naive|ring), update."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.strategies.allreduce import AllReduceStrategy
     from tfpar.strategies.cross_device_ops import make_cross_device_ops
 
+    weights = options.pop("split_weights", None)
     return AllReduceStrategy(
-        devices.tf_names, make_cross_device_ops(cross_device_ops, devices),
-        _step_options(algorithm, bytes_per_pack, split_weights, gradient_compression,
-                      accumulation_steps))
+        devices.tf_names,
+        make_cross_device_ops(_group(ReductionOptions, options).cross_device_ops, devices),
+        _group(StepOptions, options, split_weights=None if weights is None else tuple(weights)))
 
 
 @register("multi_worker", multi_process=True)
-def _multi_worker(devices: devices_lib.DeviceSet,
-                  implementation: str = _WORKERS.implementation,
-                  cluster: str = _WORKERS.cluster,
-                  worker_hosts: tuple[str, ...] | None = _WORKERS.worker_hosts,
-                  task_index: int | None = _WORKERS.task_index,
-                  cluster_timeout: float = _WORKERS.cluster_timeout,
-                  bytes_per_pack: int = _STEP.bytes_per_pack,
-                  heartbeat_timeout: float | None = _WORKERS.heartbeat_timeout
-                  ) -> tf.distribute.Strategy:
+@_takes(_WORKERS, (StepOptions, ("bytes_per_pack",)))
+def _multi_worker(devices: devices_lib.DeviceSet, **options: Any) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy: every worker process (TF_CONFIG, SLURM or --worker_hosts), one replica per local device."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.strategies import multi_worker as strategy
     from tfpar.strategies.multi_worker import MultiWorkerStrategy
 
     # TensorFlow packs the gradients from the last layer to the first into buckets of this
     # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
-    return strategy.make(MultiWorkerStrategy, devices, MultiWorkerOptions(
-        implementation, cluster, worker_hosts, task_index, cluster_timeout, heartbeat_timeout),
-        bytes_per_pack=bytes_per_pack)
+    return strategy.make(MultiWorkerStrategy, devices, _group(MultiWorkerOptions, options),
+                         bytes_per_pack=_group(StepOptions, options).bytes_per_pack)
 
 
 @register("multi_worker_allreduce", multi_process=True)
-def _multi_worker_allreduce(devices: devices_lib.DeviceSet,
-                            implementation: str = _WORKERS.implementation,
-                            cluster: str = _WORKERS.cluster,
-                            worker_hosts: tuple[str, ...] | None = _WORKERS.worker_hosts,
-                            task_index: int | None = _WORKERS.task_index,
-                            cluster_timeout: float = _WORKERS.cluster_timeout,
-                            bytes_per_pack: int = _STEP.bytes_per_pack,
-                            gradient_compression: str = _STEP.gradient_compression,
-                            accumulation_steps: int = _STEP.accumulation_steps,
-                            heartbeat_timeout: float | None = _WORKERS.heartbeat_timeout
+@_takes(_WORKERS, (StepOptions, ("bytes_per_pack", "gradient_compression",
+                                 "accumulation_steps")))
+def _multi_worker_allreduce(devices: devices_lib.DeviceSet, **options: Any
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""  # noqa: E501 (one line: --list_strategies shows it)
     from tfpar.strategies import multi_worker as strategy
     from tfpar.strategies.allreduce import MultiWorkerAllReduceStrategy
 
-    return strategy.make(MultiWorkerAllReduceStrategy, devices, MultiWorkerOptions(
-        implementation, cluster, worker_hosts, task_index, cluster_timeout, heartbeat_timeout),
-        step_options=_step_options("collective", bytes_per_pack, None, gradient_compression,
-                                   accumulation_steps))
+    return strategy.make(MultiWorkerAllReduceStrategy, devices,
+                         _group(MultiWorkerOptions, options),
+                         step_options=_group(StepOptions, options))
