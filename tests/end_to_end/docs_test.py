@@ -110,6 +110,20 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                                     and flag[2:] in defined[script])
                 self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
 
+    def test_registry_tables_name_options_their_entries_take(self):
+        checked = 0
+        for page in (os.path.join(ROOT, "README.md"),
+                     os.path.join(ROOT, "docs", "guide", "strategies.md")):
+            for name, text in re.findall(r"^\| `(\w+)` \| (.*) \|$", read(page), re.M):
+                if name not in strategies.available() or "option" not in text:
+                    continue
+                named = re.findall(r"`(\w+)(?:=[^`]*)?`", text.split("option", 1)[1])
+                for option in named:
+                    self.assertIn(option, strategies.entry(name).options(),
+                                  f"{page}: {name!r} has no option {option!r}")
+                checked += len(named)
+        self.assertGreaterEqual(checked, 20)
+
     def test_the_flag_reference_is_what_the_programs_define(self):
         # Generated from the flags, which come from the config classes: a flag added, renamed
         # or given another default or help changes the page (regenerate it as it says).
