@@ -89,7 +89,7 @@ class CpuTest(tf.test.TestCase):
         first = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx fma avx2\n"
         info = self.cpu(first + "\nprocessor\t: 1\nflags\t\t: avx512f\n")
         self.assertEqual(info, {"model": "AMD EPYC 7B13", "vector_extension": "AVX2",
-                                "onednn_max_cpu_isa": "unset"})
+                                "onednn_max_cpu_isa": "unset", "family_model": "?/?"})
         self.assertEqual(self.cpu("flags : avx2 avx512f avx512bw\n")["vector_extension"],
                          "AVX-512")
         self.assertEqual(self.cpu("flags : sse2\n")["vector_extension"], "none")

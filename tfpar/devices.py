@@ -19,6 +19,7 @@ from typing import Union
 import tensorflow as tf
 from absl import logging
 
+from tfpar import thread_layouts
 from tfpar.errors import DeviceError
 
 # Logical CPU devices are cheap but not free (each has its own allocator and executor).
@@ -93,7 +94,7 @@ def gpu_count() -> int:
 
 # Makes every logical CPU device own its intra-op thread pool instead of sharing the process's
 # one pool. Read by TensorFlow once, when it creates its devices. No public API sets it.
-PER_DEVICE_THREAD_POOLS_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+PER_DEVICE_THREAD_POOLS_ENV = thread_layouts.PER_DEVICE_THREAD_POOLS_ENV
 
 
 def _check_split(count: int, threads_per_device: int | None) -> None:
@@ -107,25 +108,31 @@ def _check_split(count: int, threads_per_device: int | None) -> None:
                           f"threads_per_device={threads_per_device!r}.")
 
 
-def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> None:
+def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
+                        layout: thread_layouts.ThreadLayout | None = None) -> None:
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
 
     By default logical CPU devices share one pool of intra-op threads: two replicas each with
     one thread then take turns on that one thread (measured: ResNet-18 on 2 devices x 1 thread
     ran at 1.0x one device's speed), and with more threads they fight over all cores. So when
-    this function splits the CPU into ``n > 1`` devices it also gives each device a pool of its
-    own (``TF_OVERRIDE_GLOBAL_THREADPOOL=1``, unless that variable is set already) of
-    ``threads_per_device`` intra-op threads, and ``n`` inter-op threads to drive the replicas
-    side by side. A logical device is then like one of the seeds' GPUs: one unit of compute.
+    this function splits the CPU into ``n > 1`` devices it lays the threads out as this
+    machine kind was tuned to (``scripts/benchmark.py --tune``, :mod:`tfpar.thread_layouts`),
+    or else by default gives each device a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL=1``,
+    unless that variable is set already) of ``cores // n`` intra-op threads, and ``n``
+    inter-op threads to drive the replicas side by side. A logical device is then like one of
+    the seeds' GPUs: one unit of compute.
 
     Thread counts the user set already (``tf.config.threading``) are kept unless
-    ``threads_per_device`` is given; the pools are per device either way.
+    ``threads_per_device`` or ``layout`` is given; the pools are per device either way unless
+    the layout says otherwise.
 
     Args:
         count: How many logical CPU devices are needed (``CPU:0`` .. ``CPU:{count-1}``).
-        threads_per_device: Intra-op threads of each device. ``None``: ``cores // count`` (at
-            least 1) when the CPU is split now, else leave the threads alone. With
+        threads_per_device: Intra-op threads of each device. ``None``: the tuned or default
+            layout's when the CPU is split now, else leave the threads alone. With
             ``count=1`` this pins an unsplit CPU to that many threads.
+        layout: The whole layout to use (threads, pools, inter-op threads), e.g. a candidate
+            being timed; overrides ``threads_per_device``.
 
     Raises:
         DeviceError: If ``count`` or ``threads_per_device`` is out of range, or TensorFlow
@@ -145,14 +152,12 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> No
                 f"largest device set first, call tfpar.devices.ensure_logical_cpus({count}) "
                 f"before any TensorFlow op runs, or in pytest pass --tfpar-devices={count}."
             ) from e
-        if count > 1:
-            os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1")
         user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
         user_set_threads = (tf.config.threading.get_intra_op_parallelism_threads() != 0
                             or user_inter_op != 0)
-        if threads_per_device is None and not user_set_threads:
-            threads_per_device = max(1, (os.cpu_count() or 1) // count)
-        elif threads_per_device is None and 0 < user_inter_op < count:
+        if layout is None and threads_per_device is None and not user_set_threads:
+            layout, _ = thread_layouts.chosen(count)
+        elif layout is None and threads_per_device is None and 0 < user_inter_op < count:
             # Measured (README, thread layout): 2 devices with 1 inter-op thread ran at 0.52-0.59
             # of 2 threads' speed, every round: the replicas' steps no longer overlap.
             logging.warning(
@@ -160,11 +165,17 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None) -> No
                 "the replicas take turns, so training runs at about one device's speed. Set at "
                 "least %d, or leave the threads unset for tfpar to choose.",
                 user_inter_op, count, count)
+        if count > 1:
+            os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1" if (
+                layout is None or layout.per_device_pools) else "0")
+    if layout is not None:
+        threads_per_device = layout.threads_per_device
     if threads_per_device is None:
         return
+    inter_op = max(count, have) if layout is None else max(layout.inter_op(count), have)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads_per_device)
-        tf.config.threading.set_inter_op_parallelism_threads(max(count, have))
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError as e:
         raise DeviceError(f"Cannot give each CPU device {threads_per_device} thread(s): "
                           "TensorFlow has already initialised. Call "

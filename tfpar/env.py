@@ -15,63 +15,18 @@ from __future__ import annotations
 import importlib
 import os
 import platform
-from importlib import metadata
 from typing import Any
 
+from tfpar import thread_layouts
 from tfpar.compat.versions import major_minor  # noqa: F401  (tfpar.env.major_minor)
+from tfpar.machine import cpu  # noqa: F401  (tfpar.env.cpu)
+from tfpar.machine import describe_cpu
+from tfpar.machine import package_version as _version
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-# The widest x86 vector extension the CPU reports, widest first: the kernels TensorFlow's oneDNN
-# picks at run time (Eigen's are fixed when TensorFlow is built), so two machines of the same
-# name but different extensions can run the same model at different speeds.
-_VECTOR_EXTENSIONS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
-                      ("avx", "AVX"))
-
-
-def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
-    """Returns the CPU's model name, its widest vector extension and oneDNN's cap on it.
-
-    Args:
-        cpuinfo_path: Where Linux describes the CPU; elsewhere the model is the platform's
-            and the extension ``"unknown"``.
-
-    Returns:
-        ``model``, ``vector_extension`` (``AMX``, ``AVX-512``, ``AVX2``, ``AVX``, ``none`` or
-        ``unknown``) and ``onednn_max_cpu_isa`` (the ``ONEDNN_MAX_CPU_ISA`` variable, which
-        caps the extension TensorFlow's oneDNN kernels use, or ``unset``).
-    """
-    fields = {}
-    try:
-        with open(cpuinfo_path) as f:
-            for line in f:  # The first CPU's fields; they end at its first blank line.
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    model = fields.get("model name") or platform.processor() or "unknown"
-    flags = set(fields["flags"].split()) if "flags" in fields else None
-    extension = "unknown" if flags is None else next(
-        (name for flag, name in _VECTOR_EXTENSIONS if flag in flags), "none")
-    return {"model": model, "vector_extension": extension,
-            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset")}
-
-
-def describe_cpu() -> str:
-    """Returns one line naming the CPU, e.g. ``AMD EPYC, AVX-512, 2 cores``."""
-    info = cpu()
-    capped = ("" if info["onednn_max_cpu_isa"] == "unset"
-              else f" (oneDNN capped at {info['onednn_max_cpu_isa']})")
-    return (f"{info['model']}, {info['vector_extension']}{capped}, "
-            f"{os.cpu_count() or 1} cores")
+def _layout(num_devices: int) -> tuple[str, str]:
+    layout, source = thread_layouts.chosen(num_devices)
+    return layout.describe(num_devices), source
 
 
 def _cluster() -> dict[str, Any]:
@@ -120,9 +75,11 @@ def collect() -> dict[str, Any]:
             "gpus": devices.gpu_count(),
         },
         "threads": {
-            "intra_op_per_device": {str(n): max(1, cores // n) for n in (1, 2, 4)},
-            "per_device_pools": os.environ.get(devices.PER_DEVICE_THREAD_POOLS_ENV,
-                                               "1 when the CPU is split (unset now)"),
+            "layout_per_device_count": {
+                str(n): "{} ({})".format(*_layout(n)) for n in (2, 4) if n <= max(2, cores)},
+            "tuning_file": thread_layouts.tuning_file(),
+            "per_device_pools_env": os.environ.get(thread_layouts.PER_DEVICE_THREAD_POOLS_ENV,
+                                                   "unset (tfpar sets it when it splits the CPU)"),
         },
         "strategies": {name: {"description": strategies.entry(name).description,
                               "options": {k: repr(v) for k, v in

@@ -1,5 +1,6 @@
 """Tests of scripts/benchmark.py: flag errors before any process starts; a tiny run's report."""
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,23 @@ class ScriptTest(tf.test.TestCase):
         self.assertIn("(oneDNN capped at AVX2)", result.stdout)
         self.assertRegex(result.stdout, r"\nlenet +default +\[CPU:0\] ")
 
+    def test_tune_times_the_layouts_and_stores_one_for_this_machine_kind(self):
+        path = os.path.join(self.get_temp_dir(), "layouts.json")
+        result = subprocess.run(
+            [sys.executable, SCRIPT, "--tune", "--models=lenet", "--strategies=mirrored",
+             "--num_devices=1,2", "--batch_size=8", "--steps=2", "--rounds=1",
+             "--warmup_steps=0"], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TFPAR_TUNING_FILE": path})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertIn("Thread layouts for 2 devices (lenet, mirrored):", result.stdout)
+        self.assertEqual(result.stdout.count(" img/s "), 4)  # Every candidate, measured.
+        self.assertEqual(result.stdout.count("<- stored"), 1)
+        with open(path) as f:
+            (record,) = json.load(f).values()
+        self.assertEqual(list(record), ["2"])
+        self.assertEqual(record["2"]["model"], "lenet")
+        self.assertGreaterEqual(record["2"]["speedup"], 1.0)
+
     def test_bad_flags_fail_before_any_process_starts(self):
         for flags, message in (
                 (["--batch_size=1", "--num_devices=1,2"],
@@ -34,7 +52,10 @@ class ScriptTest(tf.test.TestCase):
                  "--threads_per_device must be at least 1. Received: --threads_per_device=0."),
                 # Keras's multi-step loop fails across workers (keras-team/keras#19246).
                 (["--strategies=multi_worker", "--steps=4", "--steps_per_execution=2"],
-                 "--steps_per_execution > 1 does not run across workers")):
+                 "--steps_per_execution > 1 does not run across workers"),
+                (["--tune", "--num_devices=1"],
+                 "--tune times thread layouts of several logical devices in one process"),
+                (["--allreduce=tree"], "--allreduce must be one of collective, naive, ring")):
             result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
                                     text=True)
             self.assertEqual(result.returncode, 2, result.stderr[-2000:])

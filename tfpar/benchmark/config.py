@@ -48,6 +48,10 @@ class BenchmarkConfig:
         communication_share: Also measure every configuration of tfpar's all-reduce step
             without its all-reduce: the table's 'in step' column is then the communication's
             share of a step in context (what overlap did not hide).
+        tune: Instead of comparing, time the candidate thread layouts (threads per device,
+            per-device or shared pools, inter-op threads) for the first model and strategy on
+            each device count above 1, in paired rounds, and store the fastest for this
+            machine kind: strategies then split the CPU that way (tfpar-env shows it).
         strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
             "naive"]}``, for the strategies whose entries take them.
     """
@@ -69,6 +73,7 @@ class BenchmarkConfig:
     baseline: bool = False
     ceiling: bool = False
     communication_share: bool = False
+    tune: bool = False
     strategy_options: dict[str, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -88,6 +93,12 @@ class BenchmarkConfig:
             _at_least(name, getattr(self, name), least)
         if any(strategies.entry(name).multi_process for name in self.strategies):
             check_steps_per_execution(self.steps_per_execution)
+        if self.tune and (max(self.num_devices) < 2
+                          or strategies.entry(self.strategies[0]).multi_process):
+            raise ConfigError("{argument} times thread layouts of several logical devices in "
+                              "one process: give a device count above 1 and a single-process "
+                              f"strategy first. Received: strategies={list(self.strategies)}, "
+                              f"num_devices={list(self.num_devices)}.", argument="tune")
         if self.batch_size < max(self.num_devices):
             raise ConfigError(f"{{argument}} must be at least the largest device count "
                               f"({max(self.num_devices)}), so every replica gets an example. "

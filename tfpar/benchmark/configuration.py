@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfpar import strategies
+from tfpar import thread_layouts
 
 BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
 # N processes each training plain Keras alone on one device of ``threads_per_device`` threads
@@ -51,6 +52,9 @@ class Configuration:
         communication: ``False`` runs tfpar's all-reduce step without its all-reduce (a
             measurement of the step's computation alone; see
             ``tfpar.allreduce.without_communication``).
+        per_device_pools: Each logical device has an intra-op pool of its own (else one
+            shared pool); several devices in one process only.
+        inter_op_threads: Inter-op threads (``None``: one per device).
     """
 
     strategy: str
@@ -65,6 +69,14 @@ class Configuration:
     warmup_steps: int = 3
     image_shape: tuple[int, ...] = (28, 28, 1)
     communication: bool = True
+    per_device_pools: bool = True
+    inter_op_threads: int | None = None
+
+    @property
+    def thread_layout(self) -> thread_layouts.ThreadLayout:
+        """The thread layout of each of its processes."""
+        return thread_layouts.ThreadLayout(self.threads_per_device, self.per_device_pools,
+                                           self.inter_op_threads)
 
     @property
     def num_processes(self) -> int:
@@ -92,7 +104,9 @@ class Configuration:
     def description(self) -> str:
         """For progress lines, e.g. ``lenet mirrored on 2 device(s), 1 thread(s) each``."""
         threads = ("default threads" if self.strategy == BASELINE
-                   else f"{self.threads_per_device} thread(s) each")
+                   else f"{self.threads_per_device} thread(s) each" if (
+                       self.per_device_pools and self.inter_op_threads is None)
+                   else self.thread_layout.describe(self.num_devices))
         return f"{self.model} {self.strategy} on {self.num_devices} device(s), {threads}"
 
     def to_json(self) -> str:

@@ -23,6 +23,7 @@ every measurement).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ import tensorflow as tf
 
 from tfpar import devices as devices_lib
 from tfpar import strategies
+from tfpar import thread_layouts
 from tfpar.allreduce import algorithms
 from tfpar.benchmark import flops
 from tfpar.benchmark.configuration import BASELINE
@@ -73,7 +75,10 @@ class _Trainer:
                        else [f"process:{i}/CPU:0" for i in range(config.num_devices)])
         else:
             local_devices = config.num_devices // config.num_processes
-            devices_lib.ensure_logical_cpus(local_devices, config.threads_per_device)
+            if local_devices > 1:  # Read by TensorFlow when it starts: set before it does.
+                os.environ[thread_layouts.PER_DEVICE_THREAD_POOLS_ENV] = (
+                    "1" if config.per_device_pools else "0")
+            devices_lib.ensure_logical_cpus(local_devices, layout=config.thread_layout)
             device_set = devices_lib.resolve(local_devices)
             self.strategy = strategies.get(config.strategy, device_set, **dict(config.options))
             if not config.communication:  # Traced (at the first step) without the all-reduce.

@@ -16,6 +16,7 @@ from tfpar.allreduce.options import StepOptions
 from tfpar.benchmark import configuration
 from tfpar.benchmark import report as benchmark_report
 from tfpar.benchmark import runner
+from tfpar.benchmark import tuning
 from tfpar.benchmark.config import BenchmarkConfig
 from tfpar.cli import common
 from tfpar.cli import config_flags
@@ -41,6 +42,9 @@ def main(argv: list[str]) -> None:
     for path in (FLAGS.output, FLAGS.csv, FLAGS.plot):
         if path:
             atomic_io.check_writable(path)
+    if config.tune:
+        _tune(config)
+        return
     sweep = configuration.configurations(
         config.strategies, config.num_devices, config.models, config.batch_size,
         config.threads_per_device, baseline=config.baseline, ceiling=config.ceiling,
@@ -60,6 +64,17 @@ def main(argv: list[str]) -> None:
         if path:
             write(path, measurements)
             print(f"{what} written to {path}")
+
+
+def _tune(config: BenchmarkConfig) -> None:
+    """Times the thread layouts of each device count above 1 and stores the fastest."""
+    print(f"Machine: {env.describe_cpu()}")
+    for count in sorted(n for n in set(config.num_devices) if n > 1):
+        base = configuration.Configuration(
+            config.strategies[0], count, config.models[0], config.batch_size,
+            dtype=config.dtype, jit_compile=config.jit_compile,
+            steps_per_execution=config.steps_per_execution, warmup_steps=config.warmup_steps)
+        print("\n".join(tuning.tune(base, config.steps, config.rounds).lines()), flush=True)
 
 
 def run() -> None:

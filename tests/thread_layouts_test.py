@@ -1,0 +1,71 @@
+"""Tests of thread layouts: candidates, the store per machine kind, and the split using it."""
+
+import json
+import os
+import subprocess
+import sys
+from unittest import mock
+
+import tensorflow as tf
+
+from tfpar import thread_layouts
+from tfpar.thread_layouts import ThreadLayout
+
+
+class ThreadLayoutsTest(tf.test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.path = os.path.join(self.get_temp_dir(), "layouts.json")
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        patcher = mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def test_default_shares_the_cores_and_candidates_start_with_it(self):
+        self.assertEqual(thread_layouts.default(2, cores=8), ThreadLayout(4))
+        self.assertEqual(thread_layouts.default(4, cores=2), ThreadLayout(1))
+        self.assertEqual(thread_layouts.candidates(2, cores=8), [
+            ThreadLayout(4), ThreadLayout(4, per_device_pools=False), ThreadLayout(8),
+            ThreadLayout(4, inter_op_threads=4)])
+        self.assertEqual(ThreadLayout(1).describe(2),
+                         "1 intra-op thread(s) per device, a pool each, 2 inter-op")
+
+    def test_a_stored_layout_is_chosen_on_this_machine_kind_only(self):
+        self.assertEqual(thread_layouts.chosen(2),
+                         (thread_layouts.default(2), "default (not tuned on this machine kind)"))
+        layout = ThreadLayout(3, per_device_pools=False, inter_op_threads=5)
+        self.assertEqual(thread_layouts.store(2, layout, model="lenet", speedup=1.07), self.path)
+        self.assertEqual(thread_layouts.chosen(2), (layout, "tuned with lenet, 1.07x the default"))
+        self.assertEqual(thread_layouts.chosen(4)[0], thread_layouts.default(4))
+        with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": "AVX2"}):  # Another kind.
+            self.assertEqual(thread_layouts.chosen(2)[0], thread_layouts.default(2))
+        with open(self.path) as f:
+            self.assertEqual(list(json.load(f)), [thread_layouts.machine_key()])
+
+    def test_an_unreadable_store_means_the_default(self):
+        with open(self.path, "w") as f:
+            f.write("{not json")
+        self.assertEqual(thread_layouts.chosen(2)[0], thread_layouts.default(2))
+        thread_layouts.store(2, ThreadLayout(2))  # Replaced whole, readable again.
+        self.assertEqual(thread_layouts.chosen(2)[0], ThreadLayout(2))
+
+    def test_splitting_the_cpu_uses_the_stored_layout(self):
+        thread_layouts.store(2, ThreadLayout(3, per_device_pools=False, inter_op_threads=5))
+        code = ("import os, tensorflow as tf\n"
+                "from tfpar import devices\n"
+                "devices.ensure_logical_cpus(2)\n"
+                "print(tf.config.threading.get_intra_op_parallelism_threads(),\n"
+                "      tf.config.threading.get_inter_op_parallelism_threads(),\n"
+                "      os.environ['TF_OVERRIDE_GLOBAL_THREADPOOL'],\n"
+                "      len(tf.config.list_logical_devices('CPU')))\n")
+        env = {k: v for k, v in os.environ.items() if k != "TF_OVERRIDE_GLOBAL_THREADPOOL"}
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env=env)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(result.stdout.split(), ["3", "5", "0", "2"])
+
+
+if __name__ == "__main__":
+    tf.test.main()
