@@ -108,6 +108,23 @@ def _check_split(count: int, threads_per_device: int | None) -> None:
                           f"threads_per_device={threads_per_device!r}.")
 
 
+def _layout_unless_user_set(count: int) -> thread_layouts.ThreadLayout | None:
+    """The tuned (or default) layout for ``count`` devices, or ``None`` where the user set
+    threads with ``tf.config.threading`` (kept; too few inter-op threads are warned about)."""
+    user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
+    if tf.config.threading.get_intra_op_parallelism_threads() == 0 and user_inter_op == 0:
+        return thread_layouts.chosen(count)[0]
+    if 0 < user_inter_op < count:
+        # Measured (README, thread layout): 2 devices with 1 inter-op thread ran at 0.52-0.59
+        # of 2 threads' speed, every round: the replicas' steps no longer overlap.
+        logging.warning(
+            "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
+            "the replicas take turns, so training runs at about one device's speed. Set at "
+            "least %d, or leave the threads unset for tfpar to choose.",
+            user_inter_op, count, count)
+    return None
+
+
 def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
                         layout: thread_layouts.ThreadLayout | None = None) -> None:
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
@@ -152,19 +169,8 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
                 f"largest device set first, call tfpar.devices.ensure_logical_cpus({count}) "
                 f"before any TensorFlow op runs, or in pytest pass --tfpar-devices={count}."
             ) from e
-        user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
-        user_set_threads = (tf.config.threading.get_intra_op_parallelism_threads() != 0
-                            or user_inter_op != 0)
-        if layout is None and threads_per_device is None and not user_set_threads:
-            layout, _ = thread_layouts.chosen(count)
-        elif layout is None and threads_per_device is None and 0 < user_inter_op < count:
-            # Measured (README, thread layout): 2 devices with 1 inter-op thread ran at 0.52-0.59
-            # of 2 threads' speed, every round: the replicas' steps no longer overlap.
-            logging.warning(
-                "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
-                "the replicas take turns, so training runs at about one device's speed. Set at "
-                "least %d, or leave the threads unset for tfpar to choose.",
-                user_inter_op, count, count)
+        if layout is None and threads_per_device is None:
+            layout = _layout_unless_user_set(count)
         if count > 1:
             os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1" if (
                 layout is None or layout.per_device_pools) else "0")
