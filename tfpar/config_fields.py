@@ -87,26 +87,12 @@ def descriptions(cls: type) -> dict[str, str]:
     return {name: " ".join(lines).replace("``", "") for name, lines in found.items()}
 
 
-def check_choice(value: Any, f_or_cls: Any, name: str | None = None, *,
-                 error: type[TfparError]) -> None:
-    """Raises ``error`` unless ``value`` is one of the field's choices.
-
-    Args:
-        value: The value.
-        f_or_cls: The field, or the dataclass with ``name``.
-        name: The field's name, with a class.
-        error: The error type to raise.
-    """
-    f = (f_or_cls if isinstance(f_or_cls, dataclasses.Field)
-         else next(f for f in dataclasses.fields(f_or_cls) if f.name == name))
-    allowed = choices_of(f)
-    if allowed is not None and value not in allowed:
-        raise error(f"{{argument}} must be one of {', '.join(allowed)}. "
-                    f"Received: {{argument}}={value!r}.", argument=f.name)
-
-
 def check_choices(config: Any, error: type[TfparError]) -> None:
     """Raises ``error`` for the first field of dataclass instance ``config`` whose value is
     not one of its choices."""
     for f in dataclasses.fields(config):
-        check_choice(getattr(config, f.name), f, error=error)
+        allowed = choices_of(f)
+        value = getattr(config, f.name)
+        if allowed is not None and value not in allowed:
+            raise error(f"{{argument}} must be one of {', '.join(allowed)}. "
+                        f"Received: {{argument}}={value!r}.", argument=f.name)

@@ -15,14 +15,15 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tfpar import strategies
+from tfpar.cli import flag_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "**",
                                                                          "*.md"),
                                                             recursive=True))]
 MARKED = re.compile(r"<!-- test: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
-SCRIPTS = {"train": "tfpar.cli.train", "benchmark": "tfpar.cli.benchmark",
-           "launch": "tfpar.cli.launch"}
+SCRIPTS = {script: module for script, module in flag_reference.PROGRAMS.items()
+           if not script.startswith("tfpar-")}
 
 
 def read(path: str) -> str:

@@ -86,7 +86,9 @@ class StepOptions:
             raise ConfigError("{argument} must be an integer >= 1. Received: "
                               f"{{argument}}={self.accumulation_steps!r}.",
                               argument="accumulation_steps")
-        check_bytes_per_pack(self.bytes_per_pack, "one reduction per variable")
+        # The flag is shared with 'multi_worker', where TensorFlow reads 0 otherwise.
+        check_bytes_per_pack(self.bytes_per_pack, "one reduction per variable; under "
+                             "'multi_worker', one after the whole backward pass")
         if self.split_weights is not None and not all(
                 isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
                 for w in self.split_weights):
@@ -106,9 +108,8 @@ class StepOptions:
                               "process; across workers use 'collective'.")
         if self.split_weights is None:
             return
-        weights = list(self.split_weights)
-        if (len(weights) != num_replicas
-                or not all(isinstance(w, (int, float)) and w > 0 for w in weights)):
+        weights = list(self.split_weights)  # Positive: checked when the options were built.
+        if len(weights) != num_replicas:
             raise ConfigError(f"{{argument}} needs one positive weight per replica "
                               f"({num_replicas}). Received: {{argument}}={weights}.",
                               argument="split_weights")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tfpar import config_fields
 from tfpar import models
 from tfpar import strategies
 from tfpar.config_fields import field
@@ -83,9 +84,7 @@ class BenchmarkConfig:
                               f"{', '.join(models.available())}.")
         for name in self.strategies:
             strategies.entry(name)
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"{{argument}} must be one of {', '.join(DTYPES)}. Received: "
-                              f"{{argument}}={self.dtype!r}.", argument="dtype")
+        config_fields.check_choices(self, ConfigError)
         for name, least in (("num_devices", 1), ("steps", 2 * self.steps_per_execution),
                             ("rounds", 1), ("warmup_steps", 0), ("profile_steps", 0),
                             ("steps_per_execution", 1), ("threads_per_device", 1),

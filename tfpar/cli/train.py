@@ -31,8 +31,8 @@ FLAGS = flags.FLAGS
 
 # Every field of the training configuration and of the strategies' option groups is a flag
 # (types, defaults, help and choices from the classes); the program's own flags follow.
-CONFIG_FLAGS = config_flags.define(config_lib.TrainConfig,
-                                   exclude=("strategy_options", "chief_only_progress"))
+_NOT_FLAGS = ("strategy_options", "chief_only_progress")  # From the registry, the launcher.
+config_flags.define(config_lib.TrainConfig, exclude=_NOT_FLAGS)
 OPTION_GROUPS = (ReductionOptions, StepOptions, MultiWorkerOptions)
 for _group in OPTION_GROUPS:
     config_flags.define(_group)
@@ -81,8 +81,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
     # Checked first without TensorFlow (the strategy options need the registry).
     config = config_lib.TrainConfig(
-        **config_flags.values(config_lib.TrainConfig,
-                              exclude=("strategy_options", "chief_only_progress")),
+        **config_flags.values(config_lib.TrainConfig, exclude=_NOT_FLAGS),
         # The launcher's --all_output reaches the workers through their environment.
         chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1")
     values = {}

@@ -37,6 +37,11 @@ class _AllReduceStep(TfparStrategy):
     refusal_alternative = ("A model's own train_step cannot use it here; Keras's train_step "
                            "can (this strategy's step applies it exactly).")
 
+    def _take(self, step_options: StepOptions | None) -> None:
+        """Keeps the step's options (the defaults if ``None``), checked against the replicas."""
+        self.step_options = step_options or StepOptions()
+        self.step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
+
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The all-reduce step for Keras's own ``train_step``; a model's own steps run."""
         if step.name == "train_step" and step.is_keras_own:
@@ -77,9 +82,7 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
     def __init__(self, devices: Sequence[str], cross_device_ops: tf.distribute.CrossDeviceOps,
                  step_options: StepOptions | None = None):
         super().__init__(list(devices), cross_device_ops=cross_device_ops)
-        step_options = step_options or StepOptions()
-        step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
-        self.step_options = step_options
+        self._take(step_options)
 
 
 class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirroredStrategy):
@@ -95,6 +98,4 @@ class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirr
                  step_options: StepOptions | None = None):
         super().__init__(cluster_resolver=cluster_resolver,
                          communication_options=communication_options)
-        step_options = step_options or StepOptions()
-        step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
-        self.step_options = step_options
+        self._take(step_options)

@@ -19,12 +19,14 @@ Keras (:mod:`tfpar.compat.keras_fixes`). Its input iterators are freed on backgr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 
+import tensorflow as tf
 from keras import tree
 
 from tfpar.compat import keras_fixes
@@ -84,13 +86,11 @@ class TfparStrategy(_StrategyBase):
         step = KerasStep.of(fn)
         replacement = None if step is None else self.replacement_step(step)
         if step is not None:
-            step = KerasStep(step.model, step.name, step.is_keras_own, replacement is not None)
+            step = dataclasses.replace(step, replaced=replacement is not None)
             for refusal in self.refusals:
                 refusal(self, step)
         if replacement is None:
             return super().run(fn, args=args, kwargs=kwargs, options=options)
-        import tensorflow as tf
-
         logs = super().run(replacement, args=args, kwargs=kwargs, options=options)
         logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)
         self._global_values = {v.ref() for v in tree.flatten(logs) if isinstance(v, tf.Tensor)}
@@ -100,8 +100,6 @@ class TfparStrategy(_StrategyBase):
         """Whether ``value`` is a log of a replaced step: the same on every replica and worker,
         so there is nothing to reduce (the :class:`tfpar.compat.keras_fixes.ReportsGlobalValues`
         protocol)."""
-        import tensorflow as tf
-
         return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
 
     def experimental_distribute_dataset(self, dataset, options=None):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tfpar.allreduce.options import StepOptions
+from tfpar.config_fields import default_of
 from tfpar.strategies.cross_device_ops import ReductionOptions
 from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.strategies.registry import register
@@ -35,7 +36,7 @@ def _takes(*groups: tuple[type, tuple[str, ...] | None]) -> Callable:
     for cls, names in groups:
         hints = typing.get_type_hints(cls)
         parameters += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
-                                         default=getattr(cls(), f.name),
+                                         default=default_of(cls, f.name),
                                          annotation=hints[f.name])
                        for f in dataclasses.fields(cls) if names is None or f.name in names]
 
@@ -117,7 +118,8 @@ def _multi_worker(devices: devices_lib.DeviceSet, **options: Any) -> tf.distribu
     # TensorFlow packs the gradients from the last layer to the first into buckets of this
     # size, each all-reduced as soon as it is ready (its default, 0, waits for all of them).
     return strategy.make(MultiWorkerStrategy, devices, _group(MultiWorkerOptions, options),
-                         bytes_per_pack=_group(StepOptions, options).bytes_per_pack)
+                         bytes_per_pack=options.get("bytes_per_pack",
+                                                    default_of(StepOptions, "bytes_per_pack")))
 
 
 @register("multi_worker_allreduce", multi_process=True)
