@@ -85,6 +85,27 @@ class BaseTest(testing.StrategyTestCase):
                 self.assertRaisesRegex(ClusterError, r"TF_CONFIG is not valid JSON"):
             MirroredStrategy(["/cpu:0", "/cpu:1"])
 
+    @testing.for_each_strategy(num_devices=(1, 2), names=(
+        "one_device", "mirrored", "central_storage", "allreduce"))
+    def test_one_replica_on_the_cpu_reads_the_dataset_itself(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, num_devices)
+        dataset = tf.data.Dataset.range(8).batch(4)
+        distributed = strategy.experimental_distribute_dataset(dataset)
+        self.assertEqual(isinstance(distributed, tf.distribute.DistributedDataset),
+                         num_devices > 1)
+        self.assertEqual(isinstance(distributed, tf.data.Dataset), num_devices == 1)
+        self.assertTrue(distributed._tfpar_releases_iterators)
+        self.assertFalse(hasattr(dataset, "_tfpar_releases_iterators"))  # The user's, as it was.
+        if num_devices == 1:
+            self.assertEqual([batch.numpy().tolist() for batch in distributed],
+                             [[0, 1, 2, 3], [4, 5, 6, 7]])
+        if num_devices == 1 and strategy_name != "central_storage":
+            # Input options are TensorFlow's to honour: its input path. (TensorFlow 2.21's
+            # CentralStorageStrategy fails on any options: `experimental_replication_moden`.)
+            self.assertIsInstance(strategy.experimental_distribute_dataset(
+                dataset, tf.distribute.InputOptions(experimental_fetch_to_device=False)),
+                tf.distribute.DistributedDataset)
+
     def test_several_replicas_install_the_keras_fixes(self):
         keras_fixes.uninstall()
         MirroredStrategy(["/cpu:0"])

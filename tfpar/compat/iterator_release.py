@@ -168,8 +168,8 @@ def _releasing_class(cls: Any) -> type:
 
 
 def releasing_iterators(dataset: Any) -> Any:
-    """Returns ``dataset`` (a ``tf.distribute`` distributed dataset), its iterators freed in
-    the background (:func:`release_in_background`).
+    """Returns ``dataset`` (a ``tf.distribute`` distributed dataset, or a ``tf.data.Dataset``
+    read directly), its iterators freed in the background (:func:`release_in_background`).
 
     The dataset stays TensorFlow's object: its class becomes a subclass of its own class whose
     only change is ``__iter__``, so everything else (its type spec in ``tf.function``, its

@@ -14,7 +14,8 @@ A strategy class is ``class MyStrategy(TfparStrategy, tf.distribute.SomeStrategy
 When it is built it checks ``TF_CONFIG`` first (TensorFlow's strategies parse it and fail with
 a JSON traceback on a malformed one) and, with several replicas, installs tfpar's fixes of
 Keras (:mod:`tfpar.compat.keras_fixes`). Its input iterators are freed on background threads
-(:mod:`tfpar.compat.iterator_release`), so ``fit`` and its epochs end when their last step does.
+(:mod:`tfpar.compat.iterator_release`), so ``fit`` and its epochs end when their last step does;
+with one replica on the CPU, ``fit`` reads the dataset as plain Keras does.
 """
 
 from __future__ import annotations
@@ -103,8 +104,24 @@ class TfparStrategy(_StrategyBase):
         return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
 
     def experimental_distribute_dataset(self, dataset, options=None):
-        """``Strategy.experimental_distribute_dataset``, iterators freed in the background."""
+        """``Strategy.experimental_distribute_dataset``, iterators freed in the background.
+
+        With one replica on the host's CPU there is nothing to distribute, and the dataset
+        comes back as a dataset: ``fit`` then reads it through its own iterator, as plain Keras
+        does, rather than through TensorFlow's per-device ``MultiDeviceIterator``, whose get-next
+        sits inside every compiled step (LeNet's step, 60 paired blocks: 0.99-1.00 of plain
+        Keras's speed through it, 1.01 read directly). On a GPU, or with ``options``, the input
+        path is TensorFlow's (which prefetches onto the device).
+        """
+        if options is None and self._is_one_host_replica():
+            # A new dataset object (same pipeline): the user's own is left as it was.
+            return releasing_iterators(dataset.with_options(tf.data.Options()))
         return releasing_iterators(super().experimental_distribute_dataset(dataset, options))
+
+    def _is_one_host_replica(self) -> bool:
+        devices = self.extended.worker_devices
+        return (self.num_replicas_in_sync == 1 and len(devices) == 1
+                and tf.DeviceSpec.from_string(devices[0]).device_type == "CPU")
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         """``Strategy.distribute_datasets_from_function``, iterators freed in the background."""
