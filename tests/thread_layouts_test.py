@@ -38,11 +38,49 @@ class ThreadLayoutsTest(tf.test.TestCase):
         layout = ThreadLayout(3, per_device_pools=False, inter_op_threads=5)
         self.assertEqual(thread_layouts.store(2, layout, model="lenet", speedup=1.07), self.path)
         self.assertEqual(thread_layouts.chosen(2), (layout, "tuned with lenet, 1.07x the default"))
+        thread_layouts.store(2, layout, model="lenet", speedup=1.07,
+                             steps_per_execution={"8": 1.11})
+        self.assertEqual(thread_layouts.chosen(2)[1], "tuned with lenet, 1.07x the default; "
+                                                      "8 steps per compiled call 1.11x")
         self.assertEqual(thread_layouts.chosen(4)[0], thread_layouts.default(4))
         with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": "AVX2"}):  # Another kind.
             self.assertEqual(thread_layouts.chosen(2)[0], thread_layouts.default(2))
         with open(self.path) as f:
             self.assertEqual(list(json.load(f)), [thread_layouts.machine_key()])
+
+    def test_workers_on_one_host_keep_tensorflows_threads_until_tuned(self):
+        self.assertEqual(thread_layouts.worker_candidates(2, cores=8), [
+            ThreadLayout(8, inter_op_threads=8), ThreadLayout(4, inter_op_threads=1),
+            ThreadLayout(4, inter_op_threads=2)])
+        self.assertEqual(thread_layouts.chosen_for_workers(2), (
+            None, "TensorFlow's own threads (not tuned on this machine kind)"))
+        thread_layouts.store(thread_layouts.workers_key(2), ThreadLayout(1, inter_op_threads=1),
+                             model="lenet", speedup=1.13)
+        self.assertEqual(thread_layouts.chosen_for_workers(2), (
+            ThreadLayout(1, inter_op_threads=1), "tuned with lenet, 1.13x the default"))
+        self.assertEqual(thread_layouts.chosen(2)[0], thread_layouts.default(2))  # Devices: not.
+        self.assertIsNone(thread_layouts.chosen_for_workers(4)[0])
+
+    def test_a_multi_worker_strategy_uses_the_layout_tuned_for_its_host(self):
+        thread_layouts.store(thread_layouts.workers_key(2), ThreadLayout(1, inter_op_threads=1))
+        code = ("import json, os, sys, tensorflow as tf\n"
+                "from tfpar.strategies import multi_worker\n"
+                "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+                "print(multi_worker._threads_tuned_for_the_host(resolver),\n"
+                "      tf.config.threading.get_intra_op_parallelism_threads(),\n"
+                "      tf.config.threading.get_inter_op_parallelism_threads())\n")
+        # Two workers on this host and one elsewhere: the layout tuned for 2 applies.
+        tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223",
+                                                       "10.0.0.9:2222"]},
+                                "task": {"type": "worker", "index": 1}})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+        for extra, expected in (({}, ["True", "1", "1"]),
+                                ({"TF_NUM_INTRAOP_THREADS": "2"}, ["False", "0", "0"])):
+            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    text=True, timeout=120,
+                                    env={**env, "TF_CONFIG": tf_config, **extra})
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            self.assertEqual(result.stdout.split(), expected)
 
     def test_an_unreadable_store_means_the_default(self):
         with open(self.path, "w") as f:

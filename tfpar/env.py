@@ -29,6 +29,11 @@ def _layout(num_devices: int) -> tuple[str, str]:
     return layout.describe(num_devices), source
 
 
+def _worker_layout(workers: int) -> str:
+    layout, source = thread_layouts.chosen_for_workers(workers)
+    return f"{layout.describe(1)} ({source})" if layout is not None else source
+
+
 def _cluster() -> dict[str, Any]:
     from tfpar.errors import TfparError
     from tfpar.multiworker import cluster
@@ -77,6 +82,7 @@ def collect() -> dict[str, Any]:
         "threads": {
             "layout_per_device_count": {
                 str(n): "{} ({})".format(*_layout(n)) for n in (2, 4) if n <= max(2, cores)},
+            "layout_of_2_workers_on_one_host": _worker_layout(2),
             "tuning_file": thread_layouts.tuning_file(),
             "per_device_pools_env": os.environ.get(thread_layouts.PER_DEVICE_THREAD_POOLS_ENV,
                                                    "unset (tfpar sets it when it splits the CPU)"),

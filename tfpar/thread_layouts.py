@@ -11,6 +11,10 @@ count, TensorFlow version, oneDNN's ISA cap); :func:`tfpar.devices.ensure_logica
 the stored layout for that many devices, and :func:`default` where none is stored;
 ``tfpar-env`` shows which.
 
+Worker processes of a multi-worker job that share a host are laid out the same way, one device
+each: :func:`worker_candidates` (TensorFlow's own threads first, the default), stored under
+:func:`workers_key` and applied by the multi-worker strategies (:func:`chosen_for_workers`).
+
 The store is a JSON file, ``$TFPAR_TUNING_FILE`` or ``~/.cache/tfpar/thread_layouts.json``
 (``$XDG_CACHE_HOME`` honoured); a layout is only ever used on the machine kind it was
 measured on.
@@ -76,6 +80,23 @@ def candidates(num_devices: int, cores: int | None = None) -> list[ThreadLayout]
     return list(dict.fromkeys(found))  # Without repeats (one core: the same threads).
 
 
+def worker_candidates(workers: int, cores: int | None = None) -> list[ThreadLayout]:
+    """The layouts ``--tune`` times for ``workers`` worker processes of one device each on one
+    host, the default first: TensorFlow's own (every core for intra-op and for inter-op work in
+    each worker), then the cores shared out between the workers with one and with two
+    inter-op threads."""
+    cores = cores or os.cpu_count() or 1
+    share = max(1, cores // workers)
+    found = [ThreadLayout(cores, inter_op_threads=cores), ThreadLayout(share, inter_op_threads=1),
+             ThreadLayout(share, inter_op_threads=2)]
+    return list(dict.fromkeys(found))
+
+
+def workers_key(workers: int) -> str:
+    """The store's key of a layout for ``workers`` worker processes on one host."""
+    return f"{workers} workers"
+
+
 def machine_key() -> str:
     """What a tuned layout is only valid for: CPU model (name, family/model numbers), vector
     extension and oneDNN's cap, core count, TensorFlow version."""
@@ -102,9 +123,11 @@ def _read() -> dict[str, Any]:
         return {}  # None stored yet, or unreadable: the default applies.
 
 
-def stored(num_devices: int) -> dict[str, Any] | None:
-    """The record tuned on this machine kind for ``num_devices`` devices: ``layout`` (a
-    :class:`ThreadLayout`), ``model``, ``speedup`` over the default, ``rounds``; or ``None``."""
+def stored(num_devices: int | str) -> dict[str, Any] | None:
+    """The record tuned on this machine kind for ``num_devices`` devices (or a
+    :func:`workers_key`): ``layout`` (a :class:`ThreadLayout`), ``model``, ``speedup`` over the
+    default, ``rounds``, and ``steps_per_execution`` (steps per compiled call -> speedup, if
+    timed); or ``None``."""
     record = _read().get(machine_key(), {}).get(str(num_devices))
     if not isinstance(record, dict):
         return None
@@ -121,13 +144,29 @@ def chosen(num_devices: int) -> tuple[ThreadLayout, str]:
     record = stored(num_devices)
     if record is None:
         return default(num_devices), "default (not tuned on this machine kind)"
-    return record["layout"], (f"tuned with {record.get('model', '?')}, "
-                              f"{record.get('speedup', 1.0):.2f}x the default")
+    return record["layout"], _tuned_source(record)
 
 
-def store(num_devices: int, layout: ThreadLayout, **evidence: Any) -> str:
-    """Stores ``layout`` for ``num_devices`` devices on this machine kind, with what showed
-    it (model, speedup, rounds); the file is replaced whole. Returns the file's path."""
+def chosen_for_workers(workers: int) -> tuple[ThreadLayout | None, str]:
+    """The layout tuned for ``workers`` worker processes on one host of this machine kind
+    (``None``: TensorFlow's own threads, the default) and where it comes from."""
+    record = stored(workers_key(workers))
+    if record is None:
+        return None, "TensorFlow's own threads (not tuned on this machine kind)"
+    return record["layout"], _tuned_source(record)
+
+
+def _tuned_source(record: dict[str, Any]) -> str:
+    per_call = "".join(f"; {steps} steps per compiled call {ratio:.2f}x"
+                       for steps, ratio in record.get("steps_per_execution", {}).items())
+    return (f"tuned with {record.get('model', '?')}, "
+            f"{record.get('speedup', 1.0):.2f}x the default{per_call}")
+
+
+def store(num_devices: int | str, layout: ThreadLayout, **evidence: Any) -> str:
+    """Stores ``layout`` for ``num_devices`` devices (or a :func:`workers_key`) on this machine
+    kind, with what showed it (model, speedup, rounds); the file is replaced whole. Returns the
+    file's path."""
     data = _read()
     data.setdefault(machine_key(), {})[str(num_devices)] = {
         "layout": dataclasses.asdict(layout), **evidence}

@@ -7,6 +7,8 @@ import sys
 
 import tensorflow as tf
 
+from tfpar import thread_layouts
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
 
 
@@ -29,18 +31,41 @@ class ScriptTest(tf.test.TestCase):
         path = os.path.join(self.get_temp_dir(), "layouts.json")
         result = subprocess.run(
             [sys.executable, SCRIPT, "--tune", "--models=lenet", "--strategies=mirrored",
-             "--num_devices=1,2", "--batch_size=8", "--steps=2", "--rounds=1",
+             "--num_devices=1,2", "--batch_size=8", "--steps=4", "--rounds=1",
              "--warmup_steps=0"], capture_output=True, text=True, timeout=300,
             env={**os.environ, "TFPAR_TUNING_FILE": path})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertIn("Thread layouts for 2 devices (lenet, mirrored):", result.stdout)
-        self.assertEqual(result.stdout.count(" img/s "), 4)  # Every candidate, measured.
+        # Every candidate layout, and the default with 2 steps per call (4 steps a round).
+        self.assertEqual(result.stdout.count(" img/s "), 5)
+        self.assertIn("the default, 2 steps per compiled call", result.stdout)
+        self.assertRegex(result.stdout, r"each compiled call costs \d+% of a step's time here: "
+                         r"compile\(steps_per_execution=2\)|2 steps per compiled call gain "
+                         "nothing measurable here")
         self.assertEqual(result.stdout.count("<- stored"), 1)
         with open(path) as f:
             (record,) = json.load(f).values()
         self.assertEqual(list(record), ["2"])
         self.assertEqual(record["2"]["model"], "lenet")
         self.assertGreaterEqual(record["2"]["speedup"], 1.0)
+        self.assertEqual(list(record["2"]["steps_per_execution"]), ["2"])
+
+    def test_tune_times_the_layouts_of_worker_processes_sharing_this_host(self):
+        path = os.path.join(self.get_temp_dir(), "worker_layouts.json")
+        result = subprocess.run(
+            [sys.executable, SCRIPT, "--tune", "--models=lenet",
+             "--strategies=multi_worker_allreduce", "--num_devices=2", "--batch_size=8",
+             "--steps=2", "--rounds=1", "--warmup_steps=0"], capture_output=True, text=True,
+            timeout=600, env={**os.environ, "TFPAR_TUNING_FILE": path})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertIn("Thread layouts for 2 workers on one host (lenet, "
+                      "multi_worker_allreduce):", result.stdout)
+        self.assertEqual(result.stdout.count(" img/s "),
+                         len(thread_layouts.worker_candidates(2)))
+        self.assertNotIn("steps per compiled call", result.stdout)  # Refused across workers.
+        with open(path) as f:
+            (record,) = json.load(f).values()
+        self.assertEqual(list(record), ["2 workers"])
 
     def test_bad_flags_fail_before_any_process_starts(self):
         for flags, message in (
@@ -54,7 +79,8 @@ class ScriptTest(tf.test.TestCase):
                 (["--strategies=multi_worker", "--steps=4", "--steps_per_execution=2"],
                  "--steps_per_execution > 1 does not run across workers"),
                 (["--tune", "--num_devices=1"],
-                 "--tune times thread layouts of several logical devices in one process"),
+                 "--tune times thread layouts of several devices (or worker processes) on "
+                 "this machine: give a device count above 1. Received: num_devices=[1]."),
                 (["--allreduce=tree"], "--allreduce must be one of collective, naive, ring")):
             result = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
                                     text=True)

@@ -55,6 +55,15 @@ class ClusterSpecTest(tf.test.TestCase, parameterized.TestCase):
             with self.assertRaisesRegex(ClusterError, 'needs "cluster" and "task"'):
                 cluster.resolver()
 
+    def test_tasks_on_host_counts_the_chief_and_workers_sharing_an_address(self):
+        spec = {"chief": ["127.0.0.1:2000"], "worker": ["127.0.0.1:2001", "10.0.0.2:2001",
+                                                        "[::1]:2002"]}
+        self.assertEqual(cluster.tasks_on_host(spec, "worker", 0), 2)
+        self.assertEqual(cluster.tasks_on_host(spec, "worker", 1), 1)
+        self.assertEqual(cluster.tasks_on_host(spec, "worker", 2), 1)
+        self.assertEqual(cluster.tasks_on_host(
+            {"worker": {0: "127.0.0.1:2001", 3: "127.0.0.1:2004"}}, "worker", 3), 2)
+
     def test_no_cluster_is_a_single_worker(self):
         with mock.patch.dict(os.environ, {}, clear=True):
             self.assertIsNone(cluster.resolver())

@@ -50,9 +50,11 @@ class BenchmarkConfig:
             without its all-reduce: the table's 'in step' column is then the communication's
             share of a step in context (what overlap did not hide).
         tune: Instead of comparing, time the candidate thread layouts (threads per device,
-            per-device or shared pools, inter-op threads) for the first model and strategy on
+            per-device or shared pools, inter-op threads; for a multi-worker strategy, the
+            threads of each worker process on this host) for the first model and strategy on
             each device count above 1, in paired rounds, and store the fastest for this
-            machine kind: strategies then split the CPU that way (tfpar-env shows it).
+            machine kind: strategies then lay their threads out that way (tfpar-env shows
+            it). In one process it also times several steps per compiled call.
         strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
             "naive"]}``, for the strategies whose entries take them.
     """
@@ -92,12 +94,11 @@ class BenchmarkConfig:
             _at_least(name, getattr(self, name), least)
         if any(strategies.entry(name).multi_process for name in self.strategies):
             check_steps_per_execution(self.steps_per_execution)
-        if self.tune and (max(self.num_devices) < 2
-                          or strategies.entry(self.strategies[0]).multi_process):
-            raise ConfigError("{argument} times thread layouts of several logical devices in "
-                              "one process: give a device count above 1 and a single-process "
-                              f"strategy first. Received: strategies={list(self.strategies)}, "
-                              f"num_devices={list(self.num_devices)}.", argument="tune")
+        if self.tune and max(self.num_devices) < 2:
+            raise ConfigError("{argument} times thread layouts of several devices (or worker "
+                              "processes) on this machine: give a device count above 1. "
+                              f"Received: num_devices={list(self.num_devices)}.",
+                              argument="tune")
         if self.batch_size < max(self.num_devices):
             raise ConfigError(f"{{argument}} must be at least the largest device count "
                               f"({max(self.num_devices)}), so every replica gets an example. "

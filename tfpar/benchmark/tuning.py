@@ -1,16 +1,24 @@
 """Tuning the thread layout to this machine: the candidate layouts
-(:func:`tfpar.thread_layouts.candidates`) timed for a model in paired, interleaved rounds, and
-the fastest stored for this machine kind (``scripts/benchmark.py --tune``).
+(:func:`tfpar.thread_layouts.candidates`; for a multi-process strategy, the worker processes'
+:func:`tfpar.thread_layouts.worker_candidates`) timed for a model in paired, interleaved rounds,
+and the fastest stored for this machine kind (``scripts/benchmark.py --tune``).
 
 The default layout is kept unless a candidate beats it by more than :data:`MARGIN` in the
 median of the per-round ratios: a machine whose speed drifts between rounds then changes
 nothing, and a layout is stored only where it measurably pays.
+
+Beside the layouts it times the default layout with several steps per compiled call
+(Keras's ``steps_per_execution``): the fixed cost of each call of a compiled step (Python,
+dispatch, the start and end of a multi-device function) depends on the machine and the model,
+and only that setting removes it. It is the model's setting, so it is reported and recorded
+with the layout, never applied by tfpar.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from tfpar import strategies
 from tfpar import thread_layouts
 from tfpar.benchmark import runner
 from tfpar.benchmark.configuration import Configuration
@@ -20,6 +28,9 @@ from tfpar.benchmark.configuration import paired_ratio
 #: How much faster than the default (median of per-round ratios) a layout must be to be stored
 #: as the machine's choice.
 MARGIN = 1.02
+#: The steps per compiled call timed beside the layouts (fewer if the rounds are shorter than
+#: two such calls).
+PROBED_STEPS_PER_EXECUTION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,35 +39,52 @@ class Tuned:
 
     Attributes:
         num_devices: The device count.
+        workers: Whether the devices are worker processes of one device each (a
+            multi-process strategy) rather than logical devices of one process.
         layouts: The candidates, the default first.
         measurements: One per candidate, in the same order.
         ratios: Each candidate's paired ratio to the default (images/s).
         chosen: The index of the layout stored.
         path: Where it was stored.
+        per_call: The default layout with several steps per compiled call: the steps per
+            call, its measurement and its paired ratio to the default (``None`` if not timed).
     """
 
     num_devices: int
+    workers: bool
     layouts: list[thread_layouts.ThreadLayout]
     measurements: list[Measurement]
     ratios: list[float]
     chosen: int
     path: str
+    per_call: tuple[int, Measurement, float] | None = None
 
     def lines(self) -> list[str]:
         """The result for people: a line per candidate, the stored one marked."""
-        out = [f"Thread layouts for {self.num_devices} devices "
+        unit = "workers on one host" if self.workers else "devices"
+        out = [f"Thread layouts for {self.num_devices} {unit} "
                f"({self.measurements[0].model}, {self.measurements[0].configuration.strategy}):"]
+        devices_per_process = 1 if self.workers else self.num_devices
         for i, (layout, m, ratio) in enumerate(zip(self.layouts, self.measurements,
                                                    self.ratios)):
             mark = "  <- stored" if i == self.chosen else ""
-            out.append(f"  {layout.describe(self.num_devices):55s} {m.median:9.1f} img/s  "
+            out.append(f"  {layout.describe(devices_per_process):55s} {m.median:9.1f} img/s  "
                        f"{ratio:5.2f}x default{mark}")
+        if self.per_call is not None:
+            steps, m, ratio = self.per_call
+            out.append(f"  {f'the default, {steps} steps per compiled call':55s} "
+                       f"{m.median:9.1f} img/s  {ratio:5.2f}x default")
+            out.append(f"  each compiled call costs {1 - 1 / ratio:.0%} of a step's time here: "
+                       f"compile(steps_per_execution={steps}) (--steps_per_execution={steps}) "
+                       "removes it" if ratio > MARGIN else
+                       f"  {steps} steps per compiled call gain nothing measurable here")
         out.append(f"  stored in {self.path} for this machine kind")
         return out
 
 
 def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
-    """Times every candidate layout of ``base``'s device count and stores the winner.
+    """Times every candidate layout of ``base``'s device count and stores the winner, with what
+    several steps per compiled call gain (see the module docstring).
 
     Args:
         base: The configuration to tune (strategy, model, batch, device count > 1).
@@ -66,16 +94,28 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     Returns:
         What was measured and stored.
     """
-    layouts = thread_layouts.candidates(base.num_devices)
+    workers = strategies.entry(base.strategy).multi_process
+    layouts = (thread_layouts.worker_candidates(base.num_devices) if workers
+               else thread_layouts.candidates(base.num_devices))
     sweep = [dataclasses.replace(base, threads_per_device=layout.threads_per_device,
                                  per_device_pools=layout.per_device_pools,
                                  inter_op_threads=layout.inter_op_threads)
              for layout in layouts]
+    per_call_steps = min(PROBED_STEPS_PER_EXECUTION, steps // 2)
+    # Keras's multi-step loop fails across workers (multi_worker_options): not timed there.
+    probed = not workers and base.steps_per_execution == 1 and per_call_steps >= 2
+    if probed:
+        sweep.append(dataclasses.replace(sweep[0], steps_per_execution=per_call_steps))
     measurements = runner.run(sweep, steps=steps, rounds=rounds)
     ratios = [paired_ratio(m, measurements[0]) for m in measurements]
+    per_call = (per_call_steps, measurements.pop(), ratios.pop()) if probed else None
     best = max(range(len(layouts)), key=lambda i: ratios[i])
     chosen = best if ratios[best] > MARGIN else 0
-    path = thread_layouts.store(base.num_devices, layouts[chosen], model=base.model,
+    evidence = ({"steps_per_execution": {str(per_call[0]): round(per_call[2], 3)}}
+                if per_call else {})
+    key = thread_layouts.workers_key(base.num_devices) if workers else base.num_devices
+    path = thread_layouts.store(key, layouts[chosen], model=base.model,
                                 strategy=base.strategy, speedup=round(ratios[chosen], 3),
-                                rounds=rounds)
-    return Tuned(base.num_devices, layouts, measurements, ratios, chosen, path)
+                                rounds=rounds, **evidence)
+    return Tuned(base.num_devices, workers, layouts, measurements, ratios, chosen, path,
+                 per_call)

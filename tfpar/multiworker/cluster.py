@@ -155,6 +155,24 @@ def resolver(source: str = "auto", worker_hosts: Sequence[str] | None = None,
     return tf.distribute.cluster_resolver.SlurmClusterResolver()
 
 
+def tasks_on_host(cluster: dict[str, Any], task_type: str, task_index: int) -> int:
+    """How many tasks of ``cluster`` (chief and workers) have this task's host in their
+    address, this task included.
+
+    Args:
+        cluster: ``{"worker": ["host:port", ...], "chief": [...]}`` (a job may also be
+            ``{index: "host:port"}``, as ``ClusterSpec.as_dict`` gives a sparse one).
+        task_type: This task's type.
+        task_index: This task's index within its type.
+    """
+    def addresses(job: str) -> list[str]:  # A sparse job is {index: address}.
+        tasks = cluster.get(job, ())
+        return list(tasks.values()) if isinstance(tasks, dict) else list(tasks)
+
+    host = _split(cluster[task_type][task_index])[0]
+    return sum(_split(address)[0] == host for job in TASK_TYPES for address in addresses(job))
+
+
 def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     """Returns whether ``strategy`` trains across several worker processes."""
     cluster_resolver = getattr(strategy, "cluster_resolver", None)

@@ -1,12 +1,15 @@
 """The ``multi_worker`` strategy class, and :func:`make`, which builds a multi-worker strategy
-(options checked, peers awaited, threads set, then connected) for the ``multi_worker`` and
-``multi_worker_allreduce`` entries."""
+(options checked, threads set as tuned for the workers sharing this host, peers awaited, then
+connected) for the ``multi_worker`` and ``multi_worker_allreduce`` entries."""
 
 from __future__ import annotations
+
+import os
 
 import tensorflow as tf
 
 from tfpar import devices as devices_lib
+from tfpar import thread_layouts
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.compat import coordination
 from tfpar.errors import OptionValueError
@@ -15,6 +18,9 @@ from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
 from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
+
+# TensorFlow's environment variables for its thread counts (read when it initialises).
+_THREAD_ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 class MultiWorkerStrategy(TfparStrategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -44,6 +50,28 @@ def _leave_a_thread_for_collectives() -> None:
         pass  # TensorFlow has initialised: its threads are fixed.
 
 
+def _threads_tuned_for_the_host(resolver) -> bool:
+    """Sets this worker's threads as ``--tune`` stored them for this many workers on one host
+    of this machine kind (:func:`tfpar.thread_layouts.chosen_for_workers`); returns whether it
+    did. Threads the user set (``tf.config.threading``, ``TF_NUM_INTRAOP_THREADS``,
+    ``TF_NUM_INTEROP_THREADS``) win, and nothing changes once TensorFlow has initialised."""
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not spec or any(os.environ.get(name) for name in _THREAD_ENV) or (
+            tf.config.threading.get_intra_op_parallelism_threads()
+            or tf.config.threading.get_inter_op_parallelism_threads()):
+        return False
+    workers = cluster_lib.tasks_on_host(spec, resolver.task_type, resolver.task_id)
+    layout = thread_layouts.chosen_for_workers(workers)[0] if workers > 1 else None
+    if layout is None:
+        return False
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(layout.threads_per_device)
+        tf.config.threading.set_inter_op_parallelism_threads(layout.inter_op(1))
+    except RuntimeError:
+        return False  # TensorFlow has initialised: its threads are fixed.
+    return True
+
+
 def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWorkerOptions,
          bytes_per_pack: int = 0, **extra) -> tf.distribute.Strategy:
     """Checks the options against the devices, waits for the cluster, builds the strategy.
@@ -71,7 +99,8 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
                                f"device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     resolver = cluster_lib.resolver(options.cluster, options.worker_hosts, options.task_index)
-    _leave_a_thread_for_collectives()
+    if not _threads_tuned_for_the_host(resolver):
+        _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")
