@@ -126,8 +126,8 @@ def _read() -> dict[str, Any]:
 def stored(num_devices: int | str) -> dict[str, Any] | None:
     """The record tuned on this machine kind for ``num_devices`` devices (or a
     :func:`workers_key`): ``layout`` (a :class:`ThreadLayout`), ``model``, ``speedup`` over the
-    default, ``rounds``, and ``steps_per_execution`` (steps per compiled call -> speedup, if
-    timed); or ``None``."""
+    default, ``rounds``, and, if timed, ``steps_per_execution`` (steps per compiled call ->
+    speedup) and ``one_process_per_device`` (multi-worker entry -> speedup); or ``None``."""
     record = _read().get(machine_key(), {}).get(str(num_devices))
     if not isinstance(record, dict):
         return None
@@ -157,10 +157,12 @@ def chosen_for_workers(workers: int) -> tuple[ThreadLayout | None, str]:
 
 
 def _tuned_source(record: dict[str, Any]) -> str:
-    per_call = "".join(f"; {steps} steps per compiled call {ratio:.2f}x"
-                       for steps, ratio in record.get("steps_per_execution", {}).items())
+    also = "".join(f"; {steps} steps per compiled call {ratio:.2f}x"
+                   for steps, ratio in record.get("steps_per_execution", {}).items())
+    also += "".join(f"; one process per device ({name}) {ratio:.2f}x"
+                    for name, ratio in record.get("one_process_per_device", {}).items())
     return (f"tuned with {record.get('model', '?')}, "
-            f"{record.get('speedup', 1.0):.2f}x the default{per_call}")
+            f"{record.get('speedup', 1.0):.2f}x the default{also}")
 
 
 def store(num_devices: int | str, layout: ThreadLayout, **evidence: Any) -> str:

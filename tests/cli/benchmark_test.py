@@ -7,8 +7,6 @@ import sys
 
 import tensorflow as tf
 
-from tfpar import thread_layouts
-
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
 
 
@@ -31,14 +29,16 @@ class ScriptTest(tf.test.TestCase):
         path = os.path.join(self.get_temp_dir(), "layouts.json")
         result = subprocess.run(
             [sys.executable, SCRIPT, "--tune", "--models=lenet", "--strategies=mirrored",
-             "--num_devices=1,2", "--batch_size=8", "--steps=4", "--rounds=1",
+             "--num_devices=2", "--batch_size=8", "--steps=4", "--rounds=1",
              "--warmup_steps=0"], capture_output=True, text=True, timeout=300,
             env={**os.environ, "TFPAR_TUNING_FILE": path})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertIn("Thread layouts for 2 devices (lenet, mirrored):", result.stdout)
-        # Every candidate layout, and the default with 2 steps per call (4 steps a round).
-        self.assertEqual(result.stdout.count(" img/s "), 5)
+        # Every candidate layout, the default with 2 steps per call (4 steps a round), and one
+        # worker process per device through the launcher's path.
+        self.assertEqual(result.stdout.count(" img/s "), 6)
         self.assertIn("the default, 2 steps per compiled call", result.stdout)
+        self.assertIn("one process per device (multi_worker)", result.stdout)
         self.assertRegex(result.stdout, r"each compiled call costs \d+% of a step's time here: "
                          r"compile\(steps_per_execution=2\)|2 steps per compiled call gain "
                          "nothing measurable here")
@@ -49,23 +49,7 @@ class ScriptTest(tf.test.TestCase):
         self.assertEqual(record["2"]["model"], "lenet")
         self.assertGreaterEqual(record["2"]["speedup"], 1.0)
         self.assertEqual(list(record["2"]["steps_per_execution"]), ["2"])
-
-    def test_tune_times_the_layouts_of_worker_processes_sharing_this_host(self):
-        path = os.path.join(self.get_temp_dir(), "worker_layouts.json")
-        result = subprocess.run(
-            [sys.executable, SCRIPT, "--tune", "--models=lenet",
-             "--strategies=multi_worker_allreduce", "--num_devices=2", "--batch_size=8",
-             "--steps=2", "--rounds=1", "--warmup_steps=0"], capture_output=True, text=True,
-            timeout=600, env={**os.environ, "TFPAR_TUNING_FILE": path})
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertIn("Thread layouts for 2 workers on one host (lenet, "
-                      "multi_worker_allreduce):", result.stdout)
-        self.assertEqual(result.stdout.count(" img/s "),
-                         len(thread_layouts.worker_candidates(2)))
-        self.assertNotIn("steps per compiled call", result.stdout)  # Refused across workers.
-        with open(path) as f:
-            (record,) = json.load(f).values()
-        self.assertEqual(list(record), ["2 workers"])
+        self.assertEqual(list(record["2"]["one_process_per_device"]), ["multi_worker"])
 
     def test_bad_flags_fail_before_any_process_starts(self):
         for flags, message in (

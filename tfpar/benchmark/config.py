@@ -54,7 +54,8 @@ class BenchmarkConfig:
             threads of each worker process on this host) for the first model and strategy on
             each device count above 1, in paired rounds, and store the fastest for this
             machine kind: strategies then lay their threads out that way (tfpar-env shows
-            it). In one process it also times several steps per compiled call.
+            it). For a strategy of one process it also times several steps per compiled
+            call and one worker process per device, and says what they gain.
         strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
             "naive"]}``, for the strategies whose entries take them.
     """

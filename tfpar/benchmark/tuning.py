@@ -7,6 +7,11 @@ The default layout is kept unless a candidate beats it by more than :data:`MARGI
 median of the per-round ratios: a machine whose speed drifts between rounds then changes
 nothing, and a layout is stored only where it measurably pays.
 
+For a strategy of one process it also times one worker process per device on this host (the
+multi-worker entry with the same step, as ``scripts/launch.py`` runs it): which is faster
+differs by CPU kind and model, and where the processes win, it says so (the user picks the
+strategy; nothing is switched).
+
 Beside the layouts it times the default layout with several steps per compiled call
 (Keras's ``steps_per_execution``): the fixed cost of each call of a compiled step (Python,
 dispatch, the start and end of a multi-device function) depends on the machine and the model,
@@ -31,6 +36,9 @@ MARGIN = 1.02
 #: The steps per compiled call timed beside the layouts (fewer if the rounds are shorter than
 #: two such calls).
 PROBED_STEPS_PER_EXECUTION = 8
+#: The multi-worker entry timed as one process per device beside a strategy of one process:
+#: the one with the same step (Keras's own, for the entries not named).
+ONE_PROCESS_PER_DEVICE = {"allreduce": "multi_worker_allreduce"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +56,8 @@ class Tuned:
         path: Where it was stored.
         per_call: The default layout with several steps per compiled call: the steps per
             call, its measurement and its paired ratio to the default (``None`` if not timed).
+        processes: One worker process per device: the multi-worker entry, its measurement
+            and its paired ratio to the default (``None`` if not timed).
     """
 
     num_devices: int
@@ -58,6 +68,7 @@ class Tuned:
     chosen: int
     path: str
     per_call: tuple[int, Measurement, float] | None = None
+    processes: tuple[str, Measurement, float] | None = None
 
     def lines(self) -> list[str]:
         """The result for people: a line per candidate, the stored one marked."""
@@ -78,13 +89,22 @@ class Tuned:
                        f"compile(steps_per_execution={steps}) (--steps_per_execution={steps}) "
                        "removes it" if ratio > MARGIN else
                        f"  {steps} steps per compiled call gain nothing measurable here")
+        if self.processes is not None:
+            name, m, ratio = self.processes
+            out.append(f"  {f'one process per device ({name})':55s} {m.median:9.1f} img/s  "
+                       f"{ratio:5.2f}x default")
+            if ratio > MARGIN:
+                out.append(f"  one process per device pays here: scripts/launch.py "
+                           f"--num_workers={self.num_devices} -- <your command with "
+                           f"strategy {name}>")
         out.append(f"  stored in {self.path} for this machine kind")
         return out
 
 
 def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     """Times every candidate layout of ``base``'s device count and stores the winner, with what
-    several steps per compiled call gain (see the module docstring).
+    several steps per compiled call and one process per device gain (see the module
+    docstring).
 
     Args:
         base: The configuration to tune (strategy, model, batch, device count > 1).
@@ -106,16 +126,24 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     probed = not workers and base.steps_per_execution == 1 and per_call_steps >= 2
     if probed:
         sweep.append(dataclasses.replace(sweep[0], steps_per_execution=per_call_steps))
+    processes = (ONE_PROCESS_PER_DEVICE.get(base.strategy, "multi_worker")
+                 if not workers and base.steps_per_execution == 1 else None)
+    if processes:
+        sweep.append(dataclasses.replace(sweep[0], strategy=processes))
     measurements = runner.run(sweep, steps=steps, rounds=rounds)
     ratios = [paired_ratio(m, measurements[0]) for m in measurements]
+    by_processes = (processes, measurements.pop(), ratios.pop()) if processes else None
     per_call = (per_call_steps, measurements.pop(), ratios.pop()) if probed else None
     best = max(range(len(layouts)), key=lambda i: ratios[i])
     chosen = best if ratios[best] > MARGIN else 0
-    evidence = ({"steps_per_execution": {str(per_call[0]): round(per_call[2], 3)}}
-                if per_call else {})
+    evidence: dict = {}
+    if per_call:
+        evidence["steps_per_execution"] = {str(per_call[0]): round(per_call[2], 3)}
+    if by_processes:
+        evidence["one_process_per_device"] = {by_processes[0]: round(by_processes[2], 3)}
     key = thread_layouts.workers_key(base.num_devices) if workers else base.num_devices
     path = thread_layouts.store(key, layouts[chosen], model=base.model,
                                 strategy=base.strategy, speedup=round(ratios[chosen], 3),
                                 rounds=rounds, **evidence)
     return Tuned(base.num_devices, workers, layouts, measurements, ratios, chosen, path,
-                 per_call)
+                 per_call, by_processes)
