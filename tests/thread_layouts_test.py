@@ -74,13 +74,40 @@ class ThreadLayoutsTest(tf.test.TestCase):
                                                        "10.0.0.9:2222"]},
                                 "task": {"type": "worker", "index": 1}})
         env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
-        for extra, expected in (({}, ["True", "1", "1"]),
-                                ({"TF_NUM_INTRAOP_THREADS": "2"}, ["False", "0", "0"])):
-            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                    text=True, timeout=120,
-                                    env={**env, "TF_CONFIG": tf_config, **extra})
-            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-            self.assertEqual(result.stdout.split(), expected)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env={**env, "TF_CONFIG": tf_config})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(result.stdout.split(), ["True", "1", "1"])
+
+    def test_threads_the_user_set_or_a_lone_worker_keep_tensorflows_own(self):
+        from tfpar.strategies import multi_worker
+
+        thread_layouts.store(thread_layouts.workers_key(2), ThreadLayout(1, inter_op_threads=1))
+
+        def resolver(*hosts):
+            return tf.distribute.cluster_resolver.SimpleClusterResolver(
+                tf.train.ClusterSpec({"worker": list(hosts)}), task_type="worker", task_id=0)
+
+        threading = tf.config.threading
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+        # This process's TensorFlow runs already: its thread calls are stood in for.
+        with mock.patch.dict(os.environ, env, clear=True), \
+                mock.patch.object(threading, "get_intra_op_parallelism_threads", lambda: 0), \
+                mock.patch.object(threading, "get_inter_op_parallelism_threads", lambda: 0), \
+                mock.patch.object(threading, "set_intra_op_parallelism_threads") as set_intra:
+            for user_set, hosts, applied in (
+                    ({}, ("127.0.0.1:2222", "127.0.0.1:2223"), True),
+                    ({"TF_NUM_INTEROP_THREADS": "2"}, ("127.0.0.1:2222", "127.0.0.1:2223"),
+                     False),
+                    ({}, ("127.0.0.1:2222", "10.0.0.9:2222"), False)):  # Alone on its host.
+                with mock.patch.dict(os.environ, user_set), \
+                        mock.patch.object(threading, "set_inter_op_parallelism_threads"):
+                    set_intra.reset_mock()
+                    self.assertEqual(multi_worker._threads_tuned_for_the_host(
+                        resolver(*hosts)), applied)
+                    self.assertEqual(set_intra.call_args_list,
+                                     [mock.call(1)] if applied else [])
+            self.assertFalse(multi_worker._threads_tuned_for_the_host(None))
 
     def test_an_unreadable_store_means_the_default(self):
         with open(self.path, "w") as f:
