@@ -67,7 +67,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("output_folder_missing", ["--output=/no/such/r.json"], r"folder of output path .* does "
                                                                  r"not exist"),
         ("jit_on_cpu_replicas", ["--num_devices=2", "--jit_compile"],
-         r"--jit_compile cannot run on 2 CPU replicas"),
+         r"--jit_compile=True cannot run on 2 replicas with CPUs among them"),
         ("flag_for_other_strategy", ["--allreduce=ring"], r"--allreduce does not apply to "
                                                           r"strategy 'mirrored'"),
         ("negative_seed", ["--seed=-1"], r"seed must be an integer from 0 to 2\*\*32 - 1"),

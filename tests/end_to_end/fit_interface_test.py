@@ -176,6 +176,43 @@ class KerasGradientAccumulationTest(testing.StrategyTestCase):
             model.fit(dataset("sequential", uneven=False), verbose=0)
 
 
+class XlaTest(testing.StrategyTestCase):
+    """A user's compile(jit_compile=True): trains on one device; on several CPU replicas,
+    refused at the first step in one line (TensorFlow fails deep in the graph, and across
+    workers aborts the process)."""
+
+    def build(self):
+        model = sequential()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    @testing.for_each_strategy(num_devices=(1, 2))
+    def test_refused_on_several_cpu_replicas(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, num_devices)
+        with strategy.scope():
+            model = self.build()
+        before = model.get_weights()
+        if num_devices == 1:
+            model.fit(dataset("sequential", uneven=False), verbose=0)
+            self.assertNotAllClose(before[0], model.get_weights()[0])
+            return
+        with self.assertRaisesRegex(ConfigError, r"^jit_compile=True cannot run on 2 replicas "
+                                                 r"with CPUs among them: .* Use "
+                                                 r"jit_compile=False, one device, or GPUs\.$"):
+            model.fit(dataset("sequential", uneven=False), verbose=0)
+        for expected, actual in zip(before, model.get_weights()):  # Nothing was trained.
+            self.assertAllEqual(expected, actual)
+
+    def test_tensorflow_still_fails_without_the_refusal(self):
+        # Why the refusal exists (TensorFlow 2.21). If this fails, TensorFlow's XLA runs a
+        # step across CPU devices: narrow tfpar.strategies.refusals.check_xla.
+        with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+            model = self.build()
+        with self.assertRaises(tf.errors.InvalidArgumentError):
+            model.fit(dataset("sequential", uneven=False), verbose=0)
+
+
 class OptimizerUnderKerasStepTest(testing.StrategyTestCase):
     """What Keras's optimizer cannot apply under a mirrored strategy's Keras step: refused at
     the first step with the alternative (no weight changed), or, for clipping, said once."""

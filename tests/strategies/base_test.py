@@ -2,6 +2,7 @@
 built (TF_CONFIG checked, Keras fixes installed)."""
 
 import os
+import types
 from unittest import mock
 
 import keras
@@ -105,6 +106,20 @@ class BaseTest(testing.StrategyTestCase):
             self.assertIsInstance(strategy.experimental_distribute_dataset(
                 dataset, tf.distribute.InputOptions(experimental_fetch_to_device=False)),
                 tf.distribute.DistributedDataset)
+
+    def test_xla_is_refused_wherever_a_cpu_replica_takes_part(self):
+        def strategy(replicas, *devices):  # What check_xla reads of a strategy.
+            return types.SimpleNamespace(num_replicas_in_sync=replicas,
+                                         extended=types.SimpleNamespace(worker_devices=devices))
+
+        worker_cpu = "/job:worker/replica:0/task:0/device:CPU:0"  # One per worker process.
+        with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas"):
+            refusals.check_xla(True, strategy(2, worker_cpu))
+        for jit_compile, replicas_and_devices in (
+                (True, (4, "/job:worker/replica:0/task:0/device:GPU:0",
+                        "/job:worker/replica:0/task:0/device:GPU:1")),
+                (True, (1, worker_cpu)), (False, (2, worker_cpu)), ("auto", (2, worker_cpu))):
+            refusals.check_xla(jit_compile, strategy(*replicas_and_devices))
 
     def test_several_replicas_install_the_keras_fixes(self):
         keras_fixes.uninstall()

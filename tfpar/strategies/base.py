@@ -33,6 +33,7 @@ from keras import tree
 from tfpar.compat import keras_fixes
 from tfpar.compat.iterator_release import releasing_iterators
 from tfpar.multiworker import cluster as cluster_lib
+from tfpar.strategies.refusals import XLA_ON_CPU_REPLICAS
 from tfpar.strategies.refusals import KerasStep
 from tfpar.strategies.refusals import Refusal
 
@@ -52,6 +53,8 @@ class TfparStrategy(_StrategyBase):
     """
 
     refusals: ClassVar[tuple[Refusal, ...]] = ()
+    #: Checked under every tfpar strategy, before the class's own :attr:`refusals`.
+    common_refusals: ClassVar[tuple[Refusal, ...]] = (XLA_ON_CPU_REPLICAS,)
     refusal_alternative: ClassVar[str] = (
         "Train with the 'allreduce' strategy (or 'multi_worker_allreduce' across workers), "
         "whose step applies it exactly.")
@@ -88,7 +91,7 @@ class TfparStrategy(_StrategyBase):
         replacement = None if step is None else self.replacement_step(step)
         if step is not None:
             step = dataclasses.replace(step, replaced=replacement is not None)
-            for refusal in self.refusals:
+            for refusal in (*self.common_refusals, *self.refusals):
                 refusal(self, step)
         if replacement is None:
             return super().run(fn, args=args, kwargs=kwargs, options=options)

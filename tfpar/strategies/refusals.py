@@ -20,6 +20,8 @@ TensorFlow 2.21 / Keras 3.15:
   all-reduce, so training differs from one device.
 - :data:`MULTI_STEP_EXECUTION` (several workers): ``steps_per_execution > 1`` (see
   :func:`tfpar.strategies.multi_worker_options.check_steps_per_execution`).
+- :data:`XLA_ON_CPU_REPLICAS` (every tfpar strategy, :attr:`TfparStrategy.common_refusals`):
+  ``jit_compile=True`` on several replicas with a CPU among them (see :func:`check_xla`).
 
 The all-reduce step (Keras's ``train_step`` under ``allreduce`` and ``multi_worker_allreduce``)
 applies every optimizer feature above exactly (:mod:`tfpar.allreduce.step`), so the optimizer
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
@@ -153,6 +156,33 @@ def _clipping_per_replica(strategy: TfparStrategy, step: KerasStep) -> None:
             "does.", InexactUpdateWarning, stacklevel=4)
 
 
+def check_xla(jit_compile: Any, strategy: tf.distribute.Strategy) -> None:
+    """Raises for XLA (``jit_compile``) on several replicas with a CPU among them.
+
+    Keras compiles the whole step, the all-reduce included: in one process XLA cannot reach
+    another CPU device's variables (``InvalidArgumentError`` deep in the graph), and across
+    workers TensorFlow 2.21 compiles no collective between CPUs ("Collectives are not yet
+    implemented for CPU devices when compiling with XLA"; the worker then aborts). On GPUs,
+    and on one replica, XLA runs.
+
+    Raises:
+        ConfigError: Naming the setting (``{argument}``: ``jit_compile``) and what runs.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if jit_compile is not True or replicas == 1 or all(
+            tf.DeviceSpec.from_string(device).device_type == "GPU"
+            for device in strategy.extended.worker_devices):
+        return
+    raise ConfigError(f"{{argument}}=True cannot run on {replicas} replicas with CPUs among "
+                      "them: XLA compiles the step with its all-reduce, which TensorFlow's XLA "
+                      "cannot do between CPU devices. Use {argument}=False, one device, or "
+                      "GPUs.", argument="jit_compile")
+
+
+def _xla_on_cpu_replicas(strategy: TfparStrategy, step: KerasStep) -> None:
+    check_xla(step.model.jit_compile, strategy)
+
+
 def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
     if strategy.num_replicas_in_sync != len(strategy.extended.worker_devices):
         check_steps_per_execution(step.model.steps_per_execution)
@@ -170,6 +200,8 @@ CLIPPING_PER_REPLICA = Refusal("clipping_per_replica", ("train_step",), _clippin
                                checks_replaced_steps=False)
 #: ``steps_per_execution > 1``: refused across workers.
 MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_execution)
+#: ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy.
+XLA_ON_CPU_REPLICAS = Refusal("xla_on_cpu_replicas", KERAS_STEPS, _xla_on_cpu_replicas)
 
 #: What a strategy running Keras's own optimizer update under ``MirroredStrategy`` refuses.
 KERAS_OPTIMIZER_UPDATE = (KERAS_UPDATE_IN_COND, CLIPPING_PER_REPLICA)

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfpar import devices as devices_lib
 from tfpar import models
-from tfpar.errors import ConfigError
+from tfpar.strategies import refusals
 
 
 def build_compiled_model(model_name: str, image_shape: tuple[int, ...], num_classes: int,
@@ -58,17 +58,15 @@ def build_compiled_model(model_name: str, image_shape: tuple[int, ...], num_clas
 
 def check_compile_options(jit_compile: bool, strategy: tf.distribute.Strategy,
                           device_set: devices_lib.DeviceSet) -> None:
-    """Raises for compile options that the stack cannot run on this strategy and devices.
+    """Raises for compile options that the stack cannot run on this strategy and devices,
+    before any work (the strategy would refuse them at the first step).
 
     Raises:
-        ConfigError: For XLA across several CPU replicas (XLA cannot reach another device's
-            resources; TensorFlow fails with an InvalidArgumentError deep in the graph).
+        ConfigError: For XLA on several replicas with CPUs among them
+            (:func:`tfpar.strategies.refusals.check_xla`).
     """
-    replicas = strategy.num_replicas_in_sync
-    if jit_compile and replicas > 1 and not device_set.is_gpu_only:
-        raise ConfigError(f"{{argument}} cannot run on {replicas} CPU replicas: XLA cannot "
-                          "reach another device's resources. Use one device, GPUs, or no XLA.",
-                          argument="jit_compile")
+    del device_set  # The strategy's own devices say it.
+    refusals.check_xla(jit_compile, strategy)
 
 
 def replica_devices(strategy: tf.distribute.Strategy,
