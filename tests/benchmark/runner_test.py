@@ -61,7 +61,8 @@ class RunTest(tf.test.TestCase):
 
     def test_a_configuration_that_cannot_run_is_a_clear_error(self):
         sweep = [Configuration("mirrored", 2, "lenet", 8, jit_compile=True)]
-        with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas with CPUs among them"):
+        with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas "
+                                                 "with CPUs among them"):
             benchmark.run(sweep, steps=2, rounds=1, progress=None)
         self.assertEmpty(_benchmark_processes())
 

@@ -89,7 +89,8 @@ class OptionsTest(testing.StrategyTestCase):
             dataclasses.replace(CONFIG, seed=seed)
 
     def test_jit_compile_refused_on_cpu_replicas(self):
-        with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas with CPUs among them"):
+        with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas "
+                                                 "with CPUs among them"):
             training.train_on_devices(dataclasses.replace(CONFIG, jit_compile=True), 2,
                                       splits())
 
