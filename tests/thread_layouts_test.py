@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 import tensorflow as tf
@@ -16,12 +17,8 @@ class ThreadLayoutsTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.path = os.path.join(self.get_temp_dir(), "layouts.json")
-        if os.path.exists(self.path):
-            os.remove(self.path)
-        patcher = mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path})
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        self.path = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "layouts.json")
+        self.enter_context(mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path}))
 
     def test_default_shares_the_cores_and_candidates_start_with_it(self):
         self.assertEqual(thread_layouts.default(2, cores=8), ThreadLayout(4))

@@ -3,6 +3,7 @@ and what is said (the runner replaced by given rates; tests/cli/benchmark_test.p
 
 import json
 import os
+import tempfile
 from unittest import mock
 
 import tensorflow as tf
@@ -18,12 +19,8 @@ class TuneTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.path = os.path.join(self.get_temp_dir(), "layouts.json")
-        if os.path.exists(self.path):
-            os.remove(self.path)
-        patcher = mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path})
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        self.path = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "layouts.json")
+        self.enter_context(mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path}))
         self.swept: list[Configuration] = []
 
     def tune(self, strategy: str, rates: list[float], steps: int = 20) -> tuning.Tuned:
