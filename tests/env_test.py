@@ -30,8 +30,8 @@ class EnvTest(tf.test.TestCase):
         self.assertEqual(info["machine"]["cpu"], env.describe_cpu())
         self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
         self.assertCountEqual(info["keras_fixes"]["fixes"], [
-            "symbolic_build", "reduce_per_replica", "aggregating_assign_add",
-            "aggregating_assign_sub"])
+            "symbolic_build", "reduce_per_replica", "multi_step_train_function",
+            "multi_step_test_function", "aggregating_assign_add", "aggregating_assign_sub"])
         self.assertStartsWith(info["iterator_release"]["applied"], "yes")
 
     def test_the_report_leaves_the_cpu_splittable(self):

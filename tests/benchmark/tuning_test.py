@@ -70,12 +70,15 @@ class TuneTest(tf.test.TestCase):
         self.assertIn("2 steps per compiled call gain nothing measurable here", text)
         self.assertNotIn("pays here", text)
 
-    def test_worker_processes_time_their_threads_and_store_them_for_the_host(self):
+    def test_worker_processes_time_their_threads_and_steps_per_call_for_the_host(self):
         layouts = thread_layouts.worker_candidates(2)
-        rates = [100.0] + [108.0] + [105.0] * (len(layouts) - 2)
+        rates = [100.0] + [108.0] + [105.0] * (len(layouts) - 2) + [110.0]
         tuned = self.tune("multi_worker_allreduce", rates)
-        # Only their threads: Keras's multi-step loop fails across workers.
-        self.assertEqual([c.thread_layout for c in self.swept], layouts)
+        self.assertEqual([c.thread_layout for c in self.swept[:len(layouts)]], layouts)
+        per_call = self.swept[len(layouts)]  # No one-process-per-device probe: they are.
+        self.assertEqual((per_call.strategy, per_call.steps_per_execution, len(self.swept)),
+                         ("multi_worker_allreduce", 8, len(layouts) + 1))
+        self.assertEqual(self.stored()["2 workers"]["steps_per_execution"], {"8": 1.1})
         self.assertEqual(tuned.chosen, 1)
         self.assertIn("Thread layouts for 2 workers on one host (lenet, multi_worker_allreduce):",
                       tuned.lines()[0])

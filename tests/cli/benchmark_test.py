@@ -59,9 +59,6 @@ class ScriptTest(tf.test.TestCase):
                 (["--steps=1"], "--steps must be at least 2. Received: --steps=1."),
                 (["--threads_per_device=0"],
                  "--threads_per_device must be at least 1. Received: --threads_per_device=0."),
-                # Keras's multi-step loop fails across workers (keras-team/keras#19246).
-                (["--strategies=multi_worker", "--steps=4", "--steps_per_execution=2"],
-                 "--steps_per_execution > 1 does not run across workers"),
                 (["--tune", "--num_devices=1"],
                  "--tune times thread layouts of several devices (or worker processes) on "
                  "this machine: give a device count above 1. Received: num_devices=[1]."),

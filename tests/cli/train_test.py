@@ -74,12 +74,6 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("huge_seed", [f"--seed={2**32}"], r"seed must be an integer from 0 to 2\*\*32 - 1"),
         ("model_dir_is_a_file", [f"--model_dir={__file__}"], r"model_dir .* is a file; give a "
                                                               r"folder"),
-        # Keras's multi-step loop fails across workers (keras-team/keras#19246); refused
-        # before the workers are awaited.
-        ("steps_per_execution_across_workers",
-         ["--strategy=multi_worker_allreduce", "--steps_per_execution=3"],
-         r"--steps_per_execution > 1 does not run across workers .* Use "
-         r"--steps_per_execution=1 with multi-worker strategies"),
         ("heartbeat_timeout_zero", ["--strategy=multi_worker", "--heartbeat_timeout=0"],
          r"--heartbeat_timeout must be a positive number of seconds\. Received: "
          r"--heartbeat_timeout=0"),

@@ -56,6 +56,18 @@ class KerasFixesTest(testing.StrategyTestCase):
         self.assertIn("Invalid reduction dimension 0 for input with 0 dimensions", out.getvalue())
         # With the fix, the same job trains: tests/multiworker/strategy_test.py.
 
+    def test_several_steps_per_call_fail_across_workers_without_the_fix(self):
+        initial = os.path.join(self.get_temp_dir(), "initial.npz")
+        np.savez(initial, *testing.tiny_model().get_weights())
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, WORKER, "multi_worker_allreduce", initial,
+                                  os.path.join(self.get_temp_dir(), "final.npz"),
+                                  '{"steps_per_execution": 2}', "multi_step_train_function"], 2,
+                                 out=out)
+        self.assertNotEqual(status, 0)
+        self.assertIn("You must feed a value for placeholder tensor", out.getvalue())
+        # With the fix, the same job trains exactly: tests/multiworker/strategy_test.py.
+
     def fit_as_if_across_workers(self, name):
         """Fits a model with two scalar logs under ``name`` on 2 devices, with the log fix
         treating the replicas as workers; returns its logs and the strategy.reduce calls."""

@@ -4,7 +4,8 @@ Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
     [FIX]]: the entry's options (and "steps_per_execution" for compile,
     "gradient_accumulation_steps" for the optimizer); FIX names a
-    tfpar.keras_fixes fix to remove (to show the defect it fixes)
+    tfpar.keras_fixes fix to remove (to show the defect it fixes). Fits, then evaluates on 24
+    examples; OUTPUT.npz.logs.json holds each step's logs and the evaluation's
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
 
@@ -42,10 +43,11 @@ def main(name: str, initial_path: str, output_path: str, options: str = "{}",
     else:
         # The all-reduce step is exact on uneven shards too: the last batch of 7 splits 4+3.
         model.fit(dataset(23), verbose=0, shuffle=False, callbacks=[logs])
+    evaluation = model.evaluate(dataset(24), verbose=0, return_dict=True)
     if is_chief(strategy):
         np.savez(output_path, *model.get_weights())
         with open(output_path + ".logs.json", "w") as f:
-            json.dump(logs.steps, f)
+            json.dump({"steps": logs.steps, "evaluate": evaluation}, f)
 
 
 def serve() -> None:
@@ -63,7 +65,7 @@ def serve() -> None:
 
 
 class StepLogs(keras.callbacks.Callback):
-    """Records the logs after each training step."""
+    """Records the logs after each training step (each compiled call of several)."""
 
     def __init__(self):
         super().__init__()

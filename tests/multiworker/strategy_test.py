@@ -1,4 +1,5 @@
-"""Tests of multi-worker strategies: threads for collectives, two workers equal one process."""
+"""Tests of multi-worker strategies: threads for collectives, two workers equal one process
+(Keras's step and tfpar's, one or several steps per compiled call)."""
 
 import io
 import json
@@ -45,10 +46,14 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         # Micro-batches of 2+2 and 2+1 (the last batch) accumulated before one all-reduce.
         ("multi_worker_allreduce", 23, {"accumulation_steps": 2}),
         # Keras's own accumulation: an update every 2 batches, applied by tfpar's step.
-        ("multi_worker_allreduce", 23, {"gradient_accumulation_steps": 2}))
+        ("multi_worker_allreduce", 23, {"gradient_accumulation_steps": 2}),
+        # Keras's loop of 2 steps per compiled call (fit, evaluate), with tfpar's fix for it.
+        ("multi_worker", 24, {"steps_per_execution": 2}),
+        ("multi_worker_allreduce", 23, {"steps_per_execution": 2}))
     def test_two_workers_match_single_process_training(self, name, num_examples, options=None):
         reference = multi_worker_worker.model_with_metric(**{
-            k: v for k, v in (options or {}).items() if k == "gradient_accumulation_steps"})
+            k: v for k, v in (options or {}).items()
+            if k in ("gradient_accumulation_steps", "steps_per_execution")})
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         final = os.path.join(self.get_temp_dir(), "final.npz")
         np.savez(initial, *reference.get_weights())
@@ -65,14 +70,13 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         # The logged loss and accuracy of every step are the global batch's (averaged across
         # the workers in one collective under Keras's step; global already under tfpar's).
         with open(final + ".logs.json") as f:
-            self.assertAllClose(expected_logs.steps, json.load(f), rtol=1e-5, atol=1e-6)
+            logs = json.load(f)
+        self.assertAllClose(expected_logs.steps, logs["steps"], rtol=1e-5, atol=1e-6)
+        self.assertAllClose(reference.evaluate(multi_worker_worker.dataset(24), verbose=0,
+                                               return_dict=True),
+                            logs["evaluate"], rtol=1e-5, atol=1e-6)
 
     @parameterized.parameters(
-        # Keras's multi-step loop fails across workers (keras-team/keras#19246).
-        ("multi_worker", {"steps_per_execution": 2},
-         "ConfigError: steps_per_execution > 1 does not run across workers"),
-        ("multi_worker_allreduce", {"steps_per_execution": 2},
-         "ConfigError: steps_per_execution > 1 does not run across workers"),
         # Keras's accumulated update fails inside tf.cond under every mirrored strategy.
         ("multi_worker", {"gradient_accumulation_steps": 2},
          "ConfigError: The optimizer's gradient_accumulation_steps=2 fails under tf.distribute"

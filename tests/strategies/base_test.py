@@ -121,6 +121,31 @@ class BaseTest(testing.StrategyTestCase):
                 (True, (1, worker_cpu)), (False, (2, worker_cpu)), ("auto", (2, worker_cpu))):
             refusals.check_xla(jit_compile, strategy(*replicas_and_devices))
 
+    def test_several_steps_per_call_across_workers_are_refused_only_without_the_fix(self):
+        workers = types.SimpleNamespace(  # 2 replicas, 1 in this process.
+            num_replicas_in_sync=2, extended=types.SimpleNamespace(worker_devices=("CPU:0",)))
+        step = refusals.KerasStep(_model(), "train_step", is_keras_own=True)
+        step.model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+        refusals.MULTI_STEP_EXECUTION(workers, step)  # The fix applies on this TensorFlow.
+        from tfpar.compat import collective_keys
+        with mock.patch.object(collective_keys, "skip_reason", return_value="TensorFlow 9.0 "
+                               "is outside the versions it was verified against (2.16 to 2.21)"):
+            refusals.MULTI_STEP_EXECUTION(
+                types.SimpleNamespace(num_replicas_in_sync=2, extended=types.SimpleNamespace(
+                    worker_devices=("CPU:0", "CPU:1"))), step)  # One process: no collective key.
+            with self.assertRaisesRegex(ConfigError, (
+                    r"^steps_per_execution > 1 runs across workers only with tfpar's fix of "
+                    r"Keras's multi-step loop \(keras-team/keras#19246\), not applied here: "
+                    r"TensorFlow 9.0 is outside .*\. Use steps_per_execution=1\. Received: "
+                    r"steps_per_execution=3\.$")):
+                refusals.MULTI_STEP_EXECUTION(workers, step)
+
+    def test_the_former_early_check_only_warns(self):
+        from tfpar.strategies import multi_worker_options
+        with self.assertWarnsRegex(DeprecationWarning, r"check_steps_per_execution is deprecated "
+                                   r".*\.refusals\.MULTI_STEP_EXECUTION .* removed in 0\.3\.0"):
+            multi_worker_options.check_steps_per_execution(4)
+
     def test_several_replicas_install_the_keras_fixes(self):
         keras_fixes.uninstall()
         MirroredStrategy(["/cpu:0"])

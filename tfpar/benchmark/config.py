@@ -15,7 +15,6 @@ from tfpar import models
 from tfpar import strategies
 from tfpar.config_fields import field
 from tfpar.errors import ConfigError
-from tfpar.strategies.multi_worker_options import check_steps_per_execution
 from tfpar.training.config import DTYPES
 
 
@@ -93,8 +92,6 @@ class BenchmarkConfig:
                             ("steps_per_execution", 1), ("threads_per_device", 1),
                             ("epoch_examples", 1)):
             _at_least(name, getattr(self, name), least)
-        if any(strategies.entry(name).multi_process for name in self.strategies):
-            check_steps_per_execution(self.steps_per_execution)
         if self.tune and max(self.num_devices) < 2:
             raise ConfigError("{argument} times thread layouts of several devices (or worker "
                               "processes) on this machine: give a device count above 1. "

@@ -122,8 +122,7 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
                                  inter_op_threads=layout.inter_op_threads)
              for layout in layouts]
     per_call_steps = min(PROBED_STEPS_PER_EXECUTION, steps // 2)
-    # Keras's multi-step loop fails across workers (multi_worker_options): not timed there.
-    probed = not workers and base.steps_per_execution == 1 and per_call_steps >= 2
+    probed = base.steps_per_execution == 1 and per_call_steps >= 2
     if probed:
         sweep.append(dataclasses.replace(sweep[0], steps_per_execution=per_call_steps))
     processes = (ONE_PROCESS_PER_DEVICE.get(base.strategy, "multi_worker")

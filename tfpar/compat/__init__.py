@@ -14,7 +14,9 @@ against (:mod:`.versions`) and a test that fails without it:
   (:class:`tfpar.strategies.base.TfparStrategy`);
 - :mod:`.iterator_release`: ``tf.data`` iterators freed off the training thread (by that base
   class, for every strategy class of tfpar's);
-- :mod:`.coordination`: the coordination service's heartbeat timeout (``heartbeat_timeout``).
+- :mod:`.coordination`: the coordination service's heartbeat timeout (``heartbeat_timeout``);
+- :mod:`.collective_keys`: collective instance keys taken when a function is traced, for
+  Keras's multi-step loop across workers (used by :mod:`.keras_fixes`).
 
 This package is the bottom layer of tfpar above :mod:`tfpar.errors`: it imports nothing else
 of tfpar.

@@ -1,4 +1,4 @@
-"""Fixes for three defects of Keras 3 under ``tf.distribute``, installed by tfpar.
+"""Fixes for four defects of Keras 3 under ``tf.distribute``, installed by tfpar.
 
 1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
    strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
@@ -16,7 +16,13 @@
    global already (``strategy.is_global_value``: the all-reduce step's logs) as they are, and
    leaves everything else to Keras's own function.
 
-3. **Metrics under ``central_storage``** (``Variable.assign_add``/``assign_sub`` of Keras's
+3. **Several steps per compiled call across workers** (``make_train_function``,
+   ``make_test_function``). Keras's loop for ``steps_per_execution > 1`` fails across workers
+   at its first call (keras-team/keras#19246; the cause is TensorFlow's, see
+   :mod:`tfpar.compat.collective_keys`). The fix traces the functions those methods make under
+   :func:`tfpar.compat.collective_keys.assigned_when_traced`, only with several workers and
+   ``steps_per_execution > 1``.
+4. **Metrics under ``central_storage``** (``Variable.assign_add``/``assign_sub`` of Keras's
    TensorFlow backend). Keras 3 adds to a variable by assigning it ``self + value``: a read,
    then a write. ``CentralStorageStrategy`` keeps one copy of a metric's variables and sums
    what every replica assigns, so each step adds the old total once per replica: after three
@@ -53,6 +59,7 @@ import tensorflow as tf
 from absl import logging
 from keras import tree
 
+from tfpar.compat import collective_keys
 from tfpar.compat import versions
 
 # The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
@@ -133,6 +140,29 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
     return reduce_per_replica
 
 
+def _wrap_make_function(original: Callable, attribute: str) -> Callable:
+    @functools.wraps(original)
+    def make_function(self, force=False):
+        made = original(self, force=force)
+        function = getattr(self, attribute)
+        if (function is None or getattr(function, "_tfpar_keys_when_traced", False)
+                or self.steps_per_execution == 1
+                or not _several_workers(self.distribute_strategy)
+                or collective_keys.skip_reason()):
+            return made
+
+        @functools.wraps(function)
+        def keys_when_traced(*args, **kwargs):
+            with collective_keys.assigned_when_traced():
+                return function(*args, **kwargs)
+
+        keys_when_traced._tfpar_keys_when_traced = True  # type: ignore[attr-defined]
+        setattr(self, attribute, keys_when_traced)
+        return made if made is None else keys_when_traced
+
+    return make_function
+
+
 def _tf_core() -> Any:
     """Keras's TensorFlow variable module (imported behind the gate, as :func:`_tf_trainer`)."""
     return importlib.import_module("keras.src.backend.tensorflow.core")
@@ -178,6 +208,11 @@ FIXES = (
     Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None, "
         "in one collective; logs global already are not reduced again",
         _tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+    *(Fix(f"multi_step_{kind}_function", f"several steps per compiled call of {uses} run "
+          "across workers (the function's collectives keyed when traced)",
+          lambda: _tf_trainer().TensorFlowTrainer, f"make_{kind}_function",
+          functools.partial(_wrap_make_function, attribute=f"{kind}_function"))
+      for kind, uses in (("train", "fit"), ("test", "evaluate and validation"))),
     Fix("aggregating_assign_add", "metric variables under central_storage add increments, "
         "not each replica's read-then-write (loss, metrics, evaluate)",
         lambda: _tf_core().Variable, "assign_add",

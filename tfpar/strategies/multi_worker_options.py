@@ -1,11 +1,11 @@
-"""The multi-worker entries' options (:class:`MultiWorkerOptions`) and what they refuse,
-checked without TensorFlow (the command line derives its flags from the options and calls
-:func:`check_steps_per_execution` before any slow work). The strategies themselves are built
-in :mod:`.multi_worker`."""
+"""The multi-worker entries' options (:class:`MultiWorkerOptions`), checked without TensorFlow
+(the command line derives its flags from the options and checks them before any slow work).
+The strategies themselves are built in :mod:`.multi_worker`."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from tfpar.compat import coordination
 from tfpar.config_fields import field
@@ -54,18 +54,17 @@ class MultiWorkerOptions:
 
 
 def check_steps_per_execution(steps_per_execution: int) -> None:
-    """Raises for several training steps per compiled call across workers.
+    """Deprecated: does nothing; ``steps_per_execution > 1`` runs across workers.
 
-    Keras runs them in a ``tf.while_loop`` whose steps sit in a ``tf.cond``; with a
-    cross-worker collective inside, TensorFlow 2.21 fails at the first call ("You must feed a
-    value for placeholder tensor 'while/cond/Placeholder'", for Keras's own step and tfpar's
-    alike; keras-team/keras#19246). Refused before any work instead.
+    Where it cannot (tfpar's fix of Keras's multi-step loop not applied), the strategies refuse
+    it at the first step: :data:`tfpar.strategies.refusals.MULTI_STEP_EXECUTION`. Removed in
+    0.3.0.
 
-    Raises:
-        ConfigError: If ``steps_per_execution`` is above 1.
+    Args:
+        steps_per_execution: Unused.
     """
-    if steps_per_execution > 1:
-        raise ConfigError("{argument} > 1 does not run across workers (TensorFlow 2.21 / Keras "
-                          "3.15 fail inside Keras's multi-step loop, keras-team/keras#19246). "
-                          f"Use {{argument}}=1 with multi-worker strategies. Received: "
-                          f"{{argument}}={steps_per_execution}.", argument="steps_per_execution")
+    del steps_per_execution
+    warnings.warn("tfpar.strategies.multi_worker_options.check_steps_per_execution is "
+                  "deprecated and does nothing: steps_per_execution > 1 runs across workers, "
+                  "and tfpar.strategies.refusals.MULTI_STEP_EXECUTION refuses it where it "
+                  "cannot. It will be removed in 0.3.0.", DeprecationWarning, stacklevel=2)

@@ -18,8 +18,9 @@ TensorFlow 2.21 / Keras 3.15:
 - :data:`CLIPPING_PER_REPLICA` (warned once, several replicas): ``clipnorm``,
   ``global_clipnorm``, ``clipvalue``. Keras clips each replica's gradient before the
   all-reduce, so training differs from one device.
-- :data:`MULTI_STEP_EXECUTION` (several workers): ``steps_per_execution > 1`` (see
-  :func:`tfpar.strategies.multi_worker_options.check_steps_per_execution`).
+- :data:`MULTI_STEP_EXECUTION` (several workers): ``steps_per_execution > 1`` where tfpar's
+  fix of Keras's multi-step loop across workers is not applied (a Keras or TensorFlow outside
+  the versions it was verified against; :mod:`tfpar.compat.keras_fixes`).
 - :data:`XLA_ON_CPU_REPLICAS` (every tfpar strategy, :attr:`TfparStrategy.common_refusals`):
   ``jit_compile=True`` on several replicas with a CPU among them (see :func:`check_xla`).
 
@@ -39,9 +40,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfpar.compat import collective_keys
+from tfpar.compat import keras_fixes
 from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
-from tfpar.strategies.multi_worker_options import check_steps_per_execution
 
 if TYPE_CHECKING:
     from tfpar.strategies.base import TfparStrategy
@@ -184,8 +186,15 @@ def _xla_on_cpu_replicas(strategy: TfparStrategy, step: KerasStep) -> None:
 
 
 def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
-    if strategy.num_replicas_in_sync != len(strategy.extended.worker_devices):
-        check_steps_per_execution(step.model.steps_per_execution)
+    steps = step.model.steps_per_execution
+    if steps == 1 or strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):
+        return
+    reason = keras_fixes.skip_reason() or collective_keys.skip_reason()
+    if reason:
+        raise ConfigError("{argument} > 1 runs across workers only with tfpar's fix of Keras's "
+                          "multi-step loop (keras-team/keras#19246), not applied here: "
+                          f"{reason}. Use {{argument}}=1. Received: {{argument}}={steps}.",
+                          argument="steps_per_execution")
 
 
 #: ``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` in a step that calls the
@@ -198,7 +207,7 @@ REPLICA_ASSIGNS = Refusal("replica_assigns", ("train_step",), _replica_assigns,
 #: Gradient clipping before the all-reduce: warned once on several replicas.
 CLIPPING_PER_REPLICA = Refusal("clipping_per_replica", ("train_step",), _clipping_per_replica,
                                checks_replaced_steps=False)
-#: ``steps_per_execution > 1``: refused across workers.
+#: ``steps_per_execution > 1``: refused across workers where tfpar's fix is not applied.
 MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_execution)
 #: ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy.
 XLA_ON_CPU_REPLICAS = Refusal("xla_on_cpu_replicas", KERAS_STEPS, _xla_on_cpu_replicas)

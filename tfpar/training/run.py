@@ -36,7 +36,6 @@ from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
 from tfpar.multiworker import cluster
 from tfpar.multiworker import failures
-from tfpar.strategies import multi_worker_options
 from tfpar.training.building import build_compiled_model
 from tfpar.training.building import check_compile_options
 from tfpar.training.building import replica_devices
@@ -372,7 +371,6 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
         if len(resolved) != 1:
             raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
                               f"(its workers' local devices). Received: {len(resolved)} sets.")
-        multi_worker_options.check_steps_per_execution(config.steps_per_execution)
         multi_worker_strategy = strategies.get(config.strategy, resolved[0],
                                                **config.strategy_options)
     splits = loading.load(config.dataset, config.data_dir)
