@@ -4,8 +4,9 @@ Usage (through the launcher):
 multi_worker_worker.py multi_worker|multi_worker_allreduce INITIAL.npz OUTPUT.npz [OPTIONS_JSON
     [FIX]]: the entry's options (and "steps_per_execution" for compile,
     "gradient_accumulation_steps" for the optimizer); FIX names a
-    tfpar.keras_fixes fix to remove (to show the defect it fixes). Fits, then evaluates on 24
-    examples; OUTPUT.npz.logs.json holds each step's logs and the evaluation's
+    tfpar.keras_fixes fix to remove (to show the defect it fixes). Fits, then evaluates and
+    predicts on 24 examples; OUTPUT.npz.logs.json holds each step's logs, the evaluation and
+    the predictions
 multi_worker_worker.py serve: joins the cluster, prints "ready PID PORT", all-reduces until stopped
 """
 
@@ -44,10 +45,12 @@ def main(name: str, initial_path: str, output_path: str, options: str = "{}",
         # The all-reduce step is exact on uneven shards too: the last batch of 7 splits 4+3.
         model.fit(dataset(23), verbose=0, shuffle=False, callbacks=[logs])
     evaluation = model.evaluate(dataset(24), verbose=0, return_dict=True)
+    predictions = model.predict(dataset(24), verbose=0)
     if is_chief(strategy):
         np.savez(output_path, *model.get_weights())
         with open(output_path + ".logs.json", "w") as f:
-            json.dump({"steps": logs.steps, "evaluate": evaluation}, f)
+            json.dump({"steps": logs.steps, "evaluate": evaluation,
+                       "predict": predictions.tolist()}, f)
 
 
 def serve() -> None:

@@ -75,6 +75,8 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         self.assertAllClose(reference.evaluate(multi_worker_worker.dataset(24), verbose=0,
                                                return_dict=True),
                             logs["evaluate"], rtol=1e-5, atol=1e-6)
+        self.assertAllClose(reference.predict(multi_worker_worker.dataset(24), verbose=0),
+                            logs["predict"], rtol=1e-5, atol=1e-6)
 
     @parameterized.parameters(
         # Keras's accumulated update fails inside tf.cond under every mirrored strategy.
