@@ -8,6 +8,7 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
+from absl.testing import parameterized
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from tfpar import strategies
@@ -27,7 +28,7 @@ def fit_first_batch_of_five(strategy):
     return model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(5), verbose=0)
 
 
-class KerasFixesTest(testing.StrategyTestCase):
+class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
 
     def tearDown(self):
         keras_fixes.install()  # As a strategy of several replicas leaves them.
@@ -56,14 +57,15 @@ class KerasFixesTest(testing.StrategyTestCase):
         self.assertIn("Invalid reduction dimension 0 for input with 0 dimensions", out.getvalue())
         # With the fix, the same job trains: tests/multiworker/strategy_test.py.
 
-    def test_several_steps_per_call_fail_across_workers_without_the_fix(self):
+    # Without the train function's fix fit fails; without the test function's, evaluate.
+    @parameterized.parameters("multi_step_train_function", "multi_step_test_function")
+    def test_several_steps_per_call_fail_across_workers_without_the_fix(self, fix):
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         np.savez(initial, *testing.tiny_model().get_weights())
         out = io.StringIO()
         status = launcher.launch([sys.executable, WORKER, "multi_worker_allreduce", initial,
                                   os.path.join(self.get_temp_dir(), "final.npz"),
-                                  '{"steps_per_execution": 2}', "multi_step_train_function"], 2,
-                                 out=out)
+                                  '{"steps_per_execution": 2}', fix], 2, out=out)
         self.assertNotEqual(status, 0)
         self.assertIn("You must feed a value for placeholder tensor", out.getvalue())
         # With the fix, the same job trains exactly: tests/multiworker/strategy_test.py.

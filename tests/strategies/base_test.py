@@ -10,9 +10,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar import testing
+from tfpar.compat import collective_keys
 from tfpar.compat import keras_fixes
 from tfpar.errors import ClusterError
 from tfpar.errors import ConfigError
+from tfpar.strategies import multi_worker_options
 from tfpar.strategies import refusals
 from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.mirrored import MirroredStrategy
@@ -127,7 +129,6 @@ class BaseTest(testing.StrategyTestCase):
         step = refusals.KerasStep(_model(), "train_step", is_keras_own=True)
         step.model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
         refusals.MULTI_STEP_EXECUTION(workers, step)  # The fix applies on this TensorFlow.
-        from tfpar.compat import collective_keys
         with mock.patch.object(collective_keys, "skip_reason", return_value="TensorFlow 9.0 "
                                "is outside the versions it was verified against (2.16 to 2.21)"):
             refusals.MULTI_STEP_EXECUTION(
@@ -141,7 +142,6 @@ class BaseTest(testing.StrategyTestCase):
                 refusals.MULTI_STEP_EXECUTION(workers, step)
 
     def test_the_former_early_check_only_warns(self):
-        from tfpar.strategies import multi_worker_options
         with self.assertWarnsRegex(DeprecationWarning, r"check_steps_per_execution is deprecated "
                                    r".*\.refusals\.MULTI_STEP_EXECUTION .* removed in 0\.3\.0"):
             multi_worker_options.check_steps_per_execution(4)

@@ -1,8 +1,8 @@
 """Collective instance keys fixed when a function is traced, for loops around a step.
 
 Each collective of ``MultiWorkerMirroredStrategy`` carries an *instance key* that pairs it with
-the same collective on the other workers. TensorFlow 2.16-2.21 feeds that key when a function
-is *called* (``CollectiveReplicaLauncher._next_instance_key`` defers it with
+the same collective on the other workers. TensorFlow (read in 2.21, measured there) feeds that
+key when a function is *called* (``CollectiveReplicaLauncher._next_instance_key`` defers it with
 ``capture_call_time_value``), and the deferred value is not carried out of a ``tf.cond`` or
 ``tf.while_loop`` around a call of another ``tf.function``. Keras's loop for several steps per
 compiled call (``compile(steps_per_execution=k)``) is exactly that: its one-step
@@ -16,8 +16,8 @@ traced, the way TensorFlow assigned them before call-time keys (its own switch,
 keys come from the same per-group counter, so they stay paired across workers as long as the
 workers trace the same functions in the same order, which ``fit`` does. Used only on the
 TensorFlow versions of :data:`VERIFIED_TENSORFLOW` and imported behind that gate
-(:func:`skip_reason`); ``tests/multiworker/strategy_test.py`` runs the multi-step loop across
-two workers without it and shows the failure.
+(:func:`skip_reason`); ``tests/compat/keras_fixes_test.py`` runs the multi-step loop across two
+workers without it and shows the failure.
 """
 
 from __future__ import annotations
