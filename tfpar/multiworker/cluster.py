@@ -1,10 +1,10 @@
 """Multi-worker clusters: where the workers are, checked before any connection is tried.
 
-The cluster comes from ``TF_CONFIG`` (set by Kubernetes TFJob, Vertex AI, or
-:mod:`tfpar.multiworker.launcher`), from SLURM (TensorFlow's ``SlurmClusterResolver``), or
-from explicit ``worker_hosts`` and ``task_index``. A malformed or inconsistent spec raises
-:class:`~tfpar.errors.ClusterError` saying what is wrong. No TensorFlow at import (the command
-line reads this module's constants).
+The cluster comes from ``TF_CONFIG`` (set by Ray Train, Vertex AI, or
+:mod:`tfpar.multiworker.launcher`), from SLURM (:mod:`.slurm`), from a Kubernetes Indexed Job
+(:mod:`.kubernetes`), or from explicit ``worker_hosts`` and ``task_index``. A malformed or
+inconsistent spec raises :class:`~tfpar.errors.ClusterError` saying what is wrong. No
+TensorFlow at import (the command line reads this module's constants).
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from absl import logging
 
 from tfpar.errors import ClusterError
 from tfpar.errors import PortTakenError
+from tfpar.multiworker import kubernetes
+from tfpar.multiworker import slurm
 
 if TYPE_CHECKING:  # Imported where used: the command line reads this module's constants.
     import tensorflow as tf
 
-SOURCES = ("auto", "tf_config", "slurm", "flags")
+SOURCES = ("auto", "tf_config", "slurm", "kubernetes", "flags")
 TASK_TYPES = ("chief", "worker")
 DEFAULT_TIMEOUT_SECONDS = 300.0
 REPORT_EVERY_SECONDS = 5.0
@@ -115,10 +117,11 @@ def resolver(source: str = "auto", worker_hosts: Sequence[str] | None = None,
     """Returns the cluster resolver for ``source``, after checking the spec.
 
     Args:
-        source: ``"tf_config"``, ``"slurm"``, ``"flags"`` (``worker_hosts`` and
-            ``task_index``), or ``"auto"``: flags when ``worker_hosts`` is given, else
-            ``TF_CONFIG`` when set, else SLURM when ``SLURM_JOB_ID`` is set, else ``None``
-            (a single worker).
+        source: ``"tf_config"``, ``"slurm"``, ``"kubernetes"``, ``"flags"``
+            (``worker_hosts`` and ``task_index``), or ``"auto"``: flags when ``worker_hosts``
+            is given, else ``TF_CONFIG`` when set, else SLURM when ``SLURM_JOB_ID`` is set,
+            else Kubernetes when ``JOB_COMPLETION_INDEX`` and ``TFPAR_SERVICE`` are set, else
+            ``None`` (a single worker).
         worker_hosts: ``host:port`` of every worker (``"flags"``).
         task_index: This worker's index in ``worker_hosts`` (``"flags"``).
 
@@ -134,7 +137,8 @@ def resolver(source: str = "auto", worker_hosts: Sequence[str] | None = None,
         raise ClusterError(f"Unknown cluster source {source!r}. Allowed: {', '.join(SOURCES)}.")
     if source == "auto":
         detected = ("flags" if worker_hosts else "tf_config" if os.environ.get("TF_CONFIG")
-                    else "slurm" if os.environ.get("SLURM_JOB_ID") else None)
+                    else "slurm" if os.environ.get("SLURM_JOB_ID")
+                    else "kubernetes" if kubernetes.detected(os.environ) else None)
         if detected is None:
             return None
         source = detected
@@ -150,9 +154,9 @@ def resolver(source: str = "auto", worker_hosts: Sequence[str] | None = None,
                                "variable, which is not set.")
         parse_tf_config(os.environ["TF_CONFIG"])
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if not os.environ.get("SLURM_JOB_ID"):
-        raise ClusterError("cluster source 'slurm' needs a SLURM job (SLURM_JOB_ID is not set).")
-    return tf.distribute.cluster_resolver.SlurmClusterResolver()
+    if source == "kubernetes":
+        return kubernetes.resolver()
+    return slurm.resolver()
 
 
 def tasks_on_host(cluster: dict[str, Any], task_type: str, task_index: int) -> int:
@@ -339,8 +343,9 @@ def connect(make: Callable[[], tf.distribute.Strategy],
                                                                    cluster_resolver.task_id)
             logging.warning(
                 "This worker's TensorFlow server listens at port %s on every network interface, "
-                "with no authentication: firewall that port (local jobs run by tfpar's launcher "
-                "are kept on a private loopback instead).", _split(address)[1])
+                "with no authentication: firewall that port, or keep the cluster's machines on a "
+                "private network as a Ray cluster's own ports need (local jobs run by tfpar's "
+                "launcher are kept on a private loopback instead).", _split(address)[1])
         wait_for_peers(cluster_resolver, timeout)
     import tensorflow as tf
 

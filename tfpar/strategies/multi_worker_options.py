@@ -24,7 +24,7 @@ class MultiWorkerOptions:
     Attributes:
         implementation: Collective implementation across workers (nccl: GPUs only).
         cluster: Where the cluster comes from (auto: worker_hosts, else TF_CONFIG, else
-            SLURM).
+            SLURM, else a Kubernetes Indexed Job).
         worker_hosts: host:port of every worker (cluster 'flags').
         task_index: This worker's index in worker_hosts.
         cluster_timeout: Seconds a worker waits for its peers to come up (it says which it is

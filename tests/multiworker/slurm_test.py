@@ -1,0 +1,145 @@
+"""Tests of the cluster SLURM's srun gives a step: CPU-only and GPU nodes, ports per job."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar.errors import ClusterError
+from tfpar.multiworker import cluster
+from tfpar.multiworker import private_network
+from tfpar.multiworker import slurm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "multi_worker_worker.py")
+sys.path.insert(0, HERE)
+import multi_worker_worker  # noqa: E402  (the worker program, importable for its model)
+
+
+def srun_environment(job_id="4242", rank=0, tasks=2, nodes="localhost", per_node="2", **more):
+    """What srun sets for task ``rank`` of a step (the variables the cluster is made of)."""
+    return {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+            "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": nodes,
+            "SLURM_STEP_TASKS_PER_NODE": per_node, **more}
+
+
+def stand_in_nvidia_smi(directory: str, gpus: int) -> str:
+    """An ``nvidia-smi`` that lists ``gpus`` GPUs, in ``directory`` (for PATH)."""
+    path = os.path.join(directory, "nvidia-smi")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: Stand-in (UUID: GPU-{i})'\n"
+                                        for i in range(gpus)))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+    return path
+
+
+class SlurmTest(tf.test.TestCase, parameterized.TestCase):
+
+    def resolve(self, environ, path=""):
+        """The cluster spec and this task's place, with ``environ`` and ``PATH=path``."""
+        with mock.patch.dict(os.environ, {**environ, "PATH": path}, clear=True):
+            resolver = cluster.resolver("slurm")
+            spec = resolver.cluster_spec().as_dict()
+            return spec, resolver.task_type, resolver.task_id, os.environ.get(
+                "CUDA_VISIBLE_DEVICES")
+
+    def test_a_cpu_only_node_without_nvidia_smi(self):
+        base = slurm.port_base(srun_environment(), 2)
+        spec, task_type, task_id, visible = self.resolve(srun_environment(rank=1))
+        self.assertEqual(spec, {"worker": [f"localhost:{base}", f"localhost:{base + 1}"]})
+        self.assertEqual((task_type, task_id), ("worker", 1))
+        self.assertIsNone(visible)  # The task's devices are left as they are.
+
+    def test_tasks_over_several_nodes(self):
+        environ = srun_environment(rank=2, tasks=5, nodes="node[01-02],gpu7", per_node="2(x2),1")
+        spec, _, task_id, _ = self.resolve(environ)
+        base = slurm.port_base(environ, 2)
+        self.assertEqual(spec["worker"], [f"gpu7:{base}", f"node01:{base}", f"node01:{base + 1}",
+                                          f"node02:{base}", f"node02:{base + 1}"])
+        self.assertEqual(task_id, 2)
+
+    def test_a_gpu_node_gives_each_task_its_own_gpus(self):
+        spec, _, task_id, visible = self.resolve(srun_environment(rank=1),
+                                                 path=os.path.dirname(stand_in_nvidia_smi(
+                                                     self.get_temp_dir(), 4)))
+        self.assertLen(spec["worker"], 2)
+        self.assertEqual((task_id, visible), (1, "2,3"))
+
+    def test_a_node_with_fewer_gpus_than_tasks_keeps_what_slurm_gave_each(self):
+        _, _, _, visible = self.resolve(srun_environment(rank=1, CUDA_VISIBLE_DEVICES="0"))
+        self.assertEqual(visible, "0")
+
+    def test_an_nvidia_smi_listing_no_gpu_is_a_cpu_node(self):
+        spec, _, _, visible = self.resolve(srun_environment(), path=os.path.dirname(
+            stand_in_nvidia_smi(self.get_temp_dir(), 0)))
+        self.assertLen(spec["worker"], 2)
+        self.assertIsNone(visible)
+
+    def test_two_jobs_on_one_node_use_other_ports(self):
+        ports = set()
+        for job_id in ("4242", "4243", "4249", "123456"):
+            spec = self.resolve(srun_environment(job_id=job_id))[0]
+            ports |= {int(address.rsplit(":", 1)[1]) for address in spec["worker"]}
+        self.assertLen(ports, 8)
+        self.assertTrue(all(slurm.PORT_LOW <= port < slurm.PORT_HIGH for port in ports))
+
+    def test_tasks_per_node(self):
+        self.assertEqual(slurm.tasks_per_node("2(x3),1"), [2, 2, 2, 1])
+        with self.assertRaisesRegex(ClusterError, r"as '2\(x3\),1'\. Received: '2x3'"):
+            slurm.tasks_per_node("2x3")
+
+    @parameterized.named_parameters(
+        ("no_step", {"SLURM_JOB_ID": "7"}, r"SLURM_PROCID, SLURM_STEP_NUM_TASKS, "
+                                           r"SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE are "
+                                           r"not set\. Start every worker with srun"),
+        ("bad_rank", srun_environment(SLURM_PROCID="x"),
+         r"SLURM_PROCID must be a whole number\. Received: 'x'"),
+        ("no_job", {}, r"; SLURM_JOB_ID, SLURM_PROCID, .* are not set"))
+    def test_what_srun_did_not_set_is_named(self, environ, message):
+        with self.assertRaisesRegex(ClusterError, message):
+            self.resolve(environ)
+
+
+class EmulatedSrunTest(tf.test.TestCase):
+    """Two jobs of 2 tasks on one node at once, started as srun starts a step's tasks: one on
+    a CPU-only node, one where an nvidia-smi lists GPUs (that TensorFlow then does not find)."""
+
+    def test_two_jobs_on_one_node_train_as_one_process(self):
+        reference = multi_worker_worker.model_with_metric()
+        initial = os.path.join(self.get_temp_dir(), "initial.npz")
+        np.savez(initial, *reference.get_weights())
+        with_gpus = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 2))
+        jobs = {"4242": os.environ.get("PATH", ""), "4243": with_gpus + os.pathsep +
+                os.environ.get("PATH", "")}
+        tasks = []
+        with private_network.Namespace() as network:  # The node: its own loopback.
+            for job_id, path in jobs.items():
+                for rank in range(2):
+                    environ = {**os.environ, **srun_environment(job_id=job_id, rank=rank),
+                               "PATH": path, "TF_CPP_MIN_LOG_LEVEL": "2"}
+                    environ.pop("TF_CONFIG", None)
+                    environ.pop("CUDA_VISIBLE_DEVICES", None)
+                    final = os.path.join(self.get_temp_dir(), f"final_{job_id}.npz")
+                    tasks.append(subprocess.Popen(
+                        [sys.executable, WORKER, "multi_worker", initial, final,
+                         json.dumps({"cluster": "slurm", "cluster_timeout": 120})],
+                        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, preexec_fn=network.enter))
+        try:
+            outputs = [task.communicate(timeout=240)[0] for task in tasks]
+        finally:
+            for task in tasks:
+                task.kill()
+        for task, output in zip(tasks, outputs):
+            self.assertEqual(task.returncode, 0, output[-3000:])
+        reference.fit(multi_worker_worker.dataset(24), verbose=0, shuffle=False)
+        for job_id in jobs:
+            final = np.load(os.path.join(self.get_temp_dir(), f"final_{job_id}.npz"))
+            for expected, actual in zip(reference.get_weights(), final.values()):
+                self.assertAllClose(expected, actual, rtol=1e-5, atol=1e-6)
