@@ -29,10 +29,13 @@ class LazyExportsTest(tf.test.TestCase):
 
     def test_import_tfpar_imports_no_tensorflow_and_reaches_every_module_and_name(self):
         lines = run(
-            "import importlib, pkgutil, sys, tfpar\n"
+            "import importlib, importlib.util, pkgutil, sys, tfpar\n"
             "print('tensorflow' in sys.modules)\n"
             "for m in pkgutil.walk_packages(tfpar.__path__, 'tfpar.'):\n"
             f"    if m.name in {PROGRAMS!r}:\n"
+            "        continue\n"
+            # An optional extra's module: reached where its extra is installed.
+            "    if m.name == 'tfpar.ray' and importlib.util.find_spec('ray') is None:\n"
             "        continue\n"
             "    module = tfpar\n"
             "    for part in m.name.split('.')[1:]:\n"
@@ -56,6 +59,15 @@ class LazyExportsTest(tf.test.TestCase):
                         "strategies.available(), strategies.entry('allreduce').options()\n"
                         "print('tensorflow' in sys.modules)\n")
             self.assertEqual(lines, ["False"], program)
+
+    def test_a_missing_optional_extra_is_named_in_one_line(self):
+        # Ray stood in for by a module that cannot be imported.
+        result = subprocess.run([sys.executable, "-c", "import sys; sys.modules['ray'] = None\n"
+                                 "import tfpar.ray"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines()[-1],
+                         'ImportError: tfpar.ray needs Ray Train, which is not installed: pip '
+                         'install "tfpar[ray]" (or pip install -e ".[ray]" in a checkout).')
 
     def test_a_name_that_does_not_exist(self):
         import tfpar.data

@@ -34,8 +34,27 @@ class OverlapTest(tf.test.TestCase, parameterized.TestCase):
                 "strategies.get('multi_worker', 1)\n"
                 "after = tf.config.threading.get_inter_op_parallelism_threads()\n"
                 "print('threads', before, after)\n")
+        environ = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        environ.pop("OMP_NUM_THREADS", None)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                                timeout=120, env=environ)
+        self.assertIn(expected, result.stdout, result.stderr[-2000:])
+
+    @parameterized.parameters(("1", "", "threads 1 1"), ("3", "", "threads 3 2"),
+                              # The user's own setting (read by TensorFlow itself) wins.
+                              ("3", "1", "threads 0 0"))
+    def test_a_worker_takes_the_cpus_a_scheduler_gave_it(self, budget, user_intra, expected):
+        # Ray sets OMP_NUM_THREADS to a worker's CPUs; TensorFlow itself ignores it.
+        code = ("from tfpar import strategies\n"
+                "import tensorflow as tf\n"
+                "strategies.get('multi_worker', 1)\n"
+                "print('threads', tf.config.threading.get_intra_op_parallelism_threads(),\n"
+                "      tf.config.threading.get_inter_op_parallelism_threads())\n")
+        environ = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": budget}
+        if user_intra:
+            environ["TF_NUM_INTRAOP_THREADS"] = user_intra
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env=environ)
         self.assertIn(expected, result.stdout, result.stderr[-2000:])
 
 

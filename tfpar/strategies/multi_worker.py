@@ -50,15 +50,36 @@ def _leave_a_thread_for_collectives() -> None:
         pass  # TensorFlow has initialised: its threads are fixed.
 
 
+def _user_set_threads() -> bool:
+    """Whether the user set TensorFlow's threads (``tf.config.threading`` or its variables)."""
+    return bool(any(os.environ.get(name) for name in _THREAD_ENV)
+                or tf.config.threading.get_intra_op_parallelism_threads()
+                or tf.config.threading.get_inter_op_parallelism_threads())
+
+
+def _threads_from_the_budget() -> bool:
+    """Sets this worker's threads to ``OMP_NUM_THREADS``, the CPUs a scheduler gave it (Ray
+    sets it to a worker's CPUs; TensorFlow itself ignores it), unless the user set threads;
+    returns whether it did. A worker of several threads gets a second inter-op thread for its
+    collectives (:func:`_leave_a_thread_for_collectives`)."""
+    budget = os.environ.get("OMP_NUM_THREADS", "")
+    if not budget.isdigit() or int(budget) < 1 or _user_set_threads():
+        return False
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(int(budget))
+        tf.config.threading.set_inter_op_parallelism_threads(2 if int(budget) >= 2 else 1)
+    except RuntimeError:
+        return False  # TensorFlow has initialised: its threads are fixed.
+    return True
+
+
 def _threads_tuned_for_the_host(resolver) -> bool:
     """Sets this worker's threads as ``--tune`` stored them for this many workers on one host
     of this machine kind (:func:`tfpar.thread_layouts.chosen_for_workers`); returns whether it
     did. Threads the user set (``tf.config.threading``, ``TF_NUM_INTRAOP_THREADS``,
     ``TF_NUM_INTEROP_THREADS``) win, and nothing changes once TensorFlow has initialised."""
     spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    if not spec or any(os.environ.get(name) for name in _THREAD_ENV) or (
-            tf.config.threading.get_intra_op_parallelism_threads()
-            or tf.config.threading.get_inter_op_parallelism_threads()):
+    if not spec or _user_set_threads():
         return False
     workers = cluster_lib.tasks_on_host(spec, resolver.task_type, resolver.task_id)
     layout = thread_layouts.chosen_for_workers(workers)[0] if workers > 1 else None
@@ -99,7 +120,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
                                f"device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     resolver = cluster_lib.resolver(options.cluster, options.worker_hosts, options.task_index)
-    if not _threads_tuned_for_the_host(resolver):
+    if not (_threads_from_the_budget() or _threads_tuned_for_the_host(resolver)):
         _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")

@@ -1,0 +1,97 @@
+"""A Ray Train job for ray_test: a user's train loop under TensorflowTrainer on a local Ray.
+
+``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs three trainers of 2
+workers: ``multi_worker``, ``multi_worker_allreduce``, and ``multi_worker`` whose worker 1 is
+killed (signal 9) at the start of epoch 2 of its first attempt, once Ray's controller has
+collected the epoch-1 checkpoint (it polls the workers every 2 s), and restarted by Ray
+(``FailureConfig(max_failures=1)``). Each writes OUTDIR/NAME.json (the Result's metrics, its
+checkpoint's folder, the epoch each attempt started at) and OUTDIR/NAME.npz (the final weights).
+Run it in a private network namespace: Ray then puts 127.0.0.1 in TF_CONFIG.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import ray
+from ray.train import FailureConfig
+from ray.train import RunConfig
+from ray.train import ScalingConfig
+from ray.train.tensorflow import TensorflowTrainer
+
+EPOCHS = 3
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(48, 13)).astype("float32"),
+            rng.normal(size=(48, 6)).astype("float32"))
+
+
+def user_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((13,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(6)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    return model
+
+
+def train_loop_per_worker(config):
+    import keras
+    import tensorflow as tf
+
+    import tfpar
+
+    strategy = tfpar.strategies.get(config["entry"])
+    with strategy.scope():
+        model = user_model()
+    model.set_weights(list(np.load(config["initial"]).values()))
+    report = tfpar.ray.ReportCheckpointCallback(model, strategy)
+    initial_epoch = report.restore()
+    rank = ray.train.get_context().get_world_rank()
+    with open(os.path.join(config["out"], f"{config['name']}.starts"), "a") as f:
+        f.write(f"{rank} {initial_epoch}\n")
+
+    class KillOnce(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            marker = os.path.join(config["out"], "killed")
+            if config["kill"] and rank == 1 and epoch == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                time.sleep(5)  # Ray's controller collects reports every 2 s.
+                os.kill(os.getpid(), 9)
+
+    x, y = data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    model.fit(dataset, epochs=EPOCHS, initial_epoch=initial_epoch, verbose=0,
+              callbacks=[report, KillOnce()])
+    if rank == 0:
+        np.savez(os.path.join(config["out"], f"{config['name']}.npz"), *model.get_weights())
+
+
+def main(initial: str, out: str) -> None:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    for name, entry, kill in (("multi_worker", "multi_worker", False),
+                              ("multi_worker_allreduce", "multi_worker_allreduce", False),
+                              ("killed", "multi_worker", True)):
+        trainer = TensorflowTrainer(
+            train_loop_per_worker,
+            train_loop_config={"entry": entry, "initial": initial, "out": out, "name": name,
+                               "kill": kill},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(storage_path=os.path.join(out, "store"), name=name,
+                                 failure_config=FailureConfig(max_failures=1 if kill else 0)))
+        result = trainer.fit()
+        with open(os.path.join(out, f"{name}.starts")) as f:
+            starts = sorted(f.read().split("\n")[:-1])
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump({"metrics": result.metrics, "checkpoint": result.checkpoint.path,
+                       "error": repr(result.error) if result.error else None,
+                       "starts": starts}, f)
+        print(f"ray_job: {name} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,117 @@
+"""Tests of tfpar under Ray Train: a real local Ray runtime, kept on a private loopback.
+
+One Ray job (``ray_job.py``, about 2 minutes on 2 cores) runs a user's train loop under
+``TensorflowTrainer`` with 2 workers three times: ``multi_worker``, ``multi_worker_allreduce``,
+and ``multi_worker`` with a worker killed and restarted by Ray. Run with ``pytest -m ray``
+after ``pip install -e ".[ray]"``; ``.ci/run`` does both (in CI a missing Ray fails, never
+skips).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar.multiworker import private_network
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "ray", "train.py")
+sys.path.insert(0, HERE)
+import ray_job  # noqa: E402  (the job's model and data, for the one-process reference)
+
+pytestmark = pytest.mark.ray
+
+try:
+    import ray  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise
+    pytest.skip('Ray is not installed: pip install -e ".[ray]"', allow_module_level=True)
+
+
+class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
+    out = ""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.out = os.path.join(tf.compat.v1.test.get_temp_dir(), "ray_job")
+        os.makedirs(cls.out, exist_ok=True)
+        initial = os.path.join(cls.out, "initial.npz")
+        np.savez(initial, *ray_job.user_model().get_weights())
+        # Outside a namespace Ray would put this machine's address into TF_CONFIG.
+        with private_network.Namespace() as network:
+            job = subprocess.Popen([sys.executable, os.path.join(HERE, "ray_job.py"), initial,
+                                    cls.out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, preexec_fn=network.enter,
+                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                        "RAY_DISABLE_USAGE_STATS": "1"})
+        try:
+            cls.output = job.communicate(timeout=600)[0]
+        finally:
+            job.kill()
+        cls.status = job.returncode
+
+    def result(self, name):
+        self.assertEqual(self.status, 0, self.output[-5000:])
+        with open(os.path.join(self.out, f"{name}.json")) as f:
+            return json.load(f)
+
+    def reference(self):
+        """The same model and global batch trained in one process."""
+        model = ray_job.user_model()
+        model.set_weights(list(np.load(os.path.join(self.out, "initial.npz")).values()))
+        x, y = ray_job.data()
+        history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
+                            epochs=ray_job.EPOCHS, verbose=0)
+        return model.get_weights(), history.history["loss"][-1]
+
+    def assert_weights(self, name, expected):
+        actual = list(np.load(os.path.join(self.out, f"{name}.npz")).values())
+        for want, got in zip(expected, actual):
+            self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+
+    @parameterized.parameters("multi_worker", "multi_worker_allreduce")
+    def test_two_ray_workers_train_as_one_process_and_report_to_ray(self, name):
+        result = self.result(name)
+        weights, loss = self.reference()
+        self.assert_weights(name, weights)
+        self.assertEqual(result["metrics"]["epoch"], ray_job.EPOCHS)
+        self.assertAllClose(result["metrics"]["loss"], loss, rtol=1e-5)
+        # One checkpoint per epoch, the chief's, holding tfpar's state after the last epoch.
+        self.assertEqual(os.path.basename(result["checkpoint"]), "epoch_000003")
+        state = tf.train.load_checkpoint(result["checkpoint"])
+        self.assertEqual(state.get_tensor("epochs_done/.ATTRIBUTES/VARIABLE_VALUE"), 3)
+        self.assertEqual(sorted(n for n in os.listdir(os.path.dirname(result["checkpoint"]))
+                                if n.startswith("epoch_")),
+                         ["epoch_000001", "epoch_000002", "epoch_000003"])
+
+    def test_a_killed_worker_is_restarted_by_ray_and_resumes_exactly(self):
+        result = self.result("killed")
+        # Both workers started at epoch 0, and again at epoch 1 from Ray's checkpoint.
+        self.assertEqual(result["starts"], ["0 0", "0 1", "1 0", "1 1"], self.output[-3000:])
+        self.assertIsNone(result["error"])
+        uninterrupted = list(np.load(os.path.join(self.out, "multi_worker.npz")).values())
+        resumed = list(np.load(os.path.join(self.out, "killed.npz")).values())
+        for want, got in zip(uninterrupted, resumed):
+            self.assertAllEqual(want, got)
+
+
+class RayExampleTest(tf.test.TestCase):
+
+    def test_the_example_trains_lenet_on_two_ray_workers(self):
+        # About 50 s on 2 cores.
+        with private_network.Namespace() as network:
+            result = subprocess.run(
+                [sys.executable, EXAMPLE, "--num_workers=2", "--epochs=1",
+                 f"--storage_path={self.get_temp_dir()}"], capture_output=True, text=True,
+                timeout=600, preexec_fn=network.enter,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "RAY_DISABLE_USAGE_STATS": "1"})
+        self.assertEqual(result.returncode, 0, (result.stdout + result.stderr)[-5000:])
+        self.assertRegex(result.stdout, r"test acc: 0\.\d{4} after 1 epochs on 2 Ray workers "
+                                        r"\(multi_worker\); checkpoint: .*epoch_000001")
