@@ -9,6 +9,7 @@ import unittest.mock
 import tensorflow as tf
 
 from tfpar import env
+from tfpar import machine
 from tfpar import strategies
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -89,10 +90,26 @@ class CpuTest(tf.test.TestCase):
         first = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx fma avx2\n"
         info = self.cpu(first + "\nprocessor\t: 1\nflags\t\t: avx512f\n")
         self.assertEqual(info, {"model": "AMD EPYC 7B13", "vector_extension": "AVX2",
-                                "onednn_max_cpu_isa": "unset", "family_model": "?/?"})
+                                "onednn_max_cpu_isa": "unset", "native_bfloat16": "no",
+                                "family_model": "?/?"})
         self.assertEqual(self.cpu("flags : avx2 avx512f avx512bw\n")["vector_extension"],
                          "AVX-512")
         self.assertEqual(self.cpu("flags : sse2\n")["vector_extension"], "none")
+
+    def test_native_bfloat16_read_from_the_flags_and_the_onednn_cap(self):
+        # Two machines of one model (Intel family 6 model 207), with and without AMX.
+        amx = "flags : avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16\n"
+        self.assertEqual(self.cpu(amx)["native_bfloat16"], "yes (AMX-BF16)")
+        self.assertEqual(self.cpu("flags : avx512f avx512_bf16 avx512_fp16\n")
+                         ["native_bfloat16"], "yes (AVX512-BF16)")
+        self.assertEqual(self.cpu(amx, ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16")
+                         ["native_bfloat16"], "yes (AVX512-BF16)")
+        self.assertEqual(self.cpu(amx, ONEDNN_MAX_CPU_ISA="avx2")["native_bfloat16"], "no")
+        self.assertEqual(self.cpu("flags : avx2 fma\n")["native_bfloat16"], "no")  # Zen 2.
+        self.assertEqual(env.cpu(os.path.join(self.get_temp_dir(), "absent"))
+                         ["native_bfloat16"], "unknown")
+        self.assertEqual(machine.native_low_precisions({"avx512_fp16", "amx_bf16"}),
+                         ["bfloat16 (AMX-BF16)", "float16 (AVX512-FP16)"])
 
     def test_onednn_cap_and_a_machine_without_cpuinfo(self):
         self.assertEqual(self.cpu("flags : avx512f\n", ONEDNN_MAX_CPU_ISA="AVX2")

@@ -17,6 +17,7 @@ import os
 import platform
 from typing import Any
 
+from tfpar import machine
 from tfpar import thread_layouts
 from tfpar.compat.versions import major_minor  # noqa: F401  (tfpar.env.major_minor)
 from tfpar.machine import cpu  # noqa: F401  (tfpar.env.cpu)
@@ -73,7 +74,7 @@ def collect() -> dict[str, Any]:
                      else "not available (CPU build)"),
         },
         "machine": {"platform": platform.platform(), "cpu_cores": cores,
-                    "cpu": describe_cpu()},
+                    "cpu": describe_cpu(), "mixed_bfloat16": _mixed_bfloat16()},
         "devices": {
             "physical": [d.name for d in tf.config.list_physical_devices()],
             "logical_cpus": devices.logical_cpu_count(),
@@ -95,6 +96,20 @@ def collect() -> dict[str, Any]:
         "keras_fixes": keras_fixes.status(),
         "iterator_release": iterator_release.status(),
     }
+
+
+def _mixed_bfloat16() -> str:
+    """Whether Keras's ``mixed_bfloat16`` runs natively here: on the CPU (its flags and
+    oneDNN's cap), and on each GPU from compute capability 8.0 (bfloat16 tensor cores)."""
+    import tensorflow as tf
+
+    gpus = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if capability:
+            gpus.append(f"{gpu.name}: compute capability {capability[0]}.{capability[1]}, "
+                        + ("native" if tuple(capability) >= (8, 0) else "emulated (below 8.0)"))
+    return "; ".join([machine.describe_low_precisions(), *gpus])
 
 
 def format_text(info: dict[str, Any]) -> str:

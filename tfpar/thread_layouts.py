@@ -99,10 +99,11 @@ def workers_key(workers: int) -> str:
 
 def machine_key() -> str:
     """What a tuned layout is only valid for: CPU model (name, family/model numbers), vector
-    extension and oneDNN's cap, core count, TensorFlow version."""
+    extension and oneDNN's cap, native bfloat16, core count, TensorFlow version."""
     cpu = machine.cpu()
     return (f"{cpu['model']} ({cpu['family_model']}) | {cpu['vector_extension']} (oneDNN cap "
-            f"{cpu['onednn_max_cpu_isa']}) | {os.cpu_count() or 1} cores | "
+            f"{cpu['onednn_max_cpu_isa']}, native bfloat16 {cpu['native_bfloat16']}) | "
+            f"{os.cpu_count() or 1} cores | "
             f"tensorflow {machine.package_version('tensorflow')}")
 
 

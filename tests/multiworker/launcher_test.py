@@ -121,14 +121,15 @@ class LauncherTest(tf.test.TestCase):
             if not crash:
                 open(marker, "w").close()
             out = io.StringIO()
+            # The user's script takes no --model_dir: it says where it resumes from itself.
             status = launcher.launch(
                 [sys.executable, os.path.join(HERE, "user_resume_worker.py"),
-                 os.path.join(base, "state"), marker, os.path.join(base, "final.npz"),
-                 f"--model_dir={os.path.join(base, 'state')}"], 2, out=out, max_restarts=1)
+                 os.path.join(base, "state"), marker, os.path.join(base, "final.npz")], 2,
+                out=out, max_restarts=1, resumes_itself=True)
             self.assertEqual(status, 0, out.getvalue()[-3000:])
             if crash:
-                self.assertIn("launcher: restart 1 of 1: starting every worker again, "
-                              "resuming from epoch 2 in", out.getvalue())
+                self.assertIn("launcher: restart 1 of 1: starting every worker again; the "
+                              "command resumes by itself.", out.getvalue())
                 self.assertIn("[worker 1] starting at epoch 2", out.getvalue())
             weights.append(list(np.load(os.path.join(base, "final.npz")).values()))
         for restarted, uninterrupted in zip(*weights):
@@ -151,9 +152,9 @@ class LauncherTest(tf.test.TestCase):
                       "launcher: restart 1 of 1", out.getvalue())
 
     def test_restarts_need_a_model_dir_and_skip_bad_input(self):
-        with self.assertRaisesRegex(ConfigError, r"max_restarts > 0 restarts the job from its "
-                                                 r"last saved epoch: the command must carry "
-                                                 r"--model_dir=DIR"):
+        with self.assertRaisesRegex(ConfigError, r"Restarts \(max_restarts=1\) resume the job "
+                                                 r"from its last saved epoch: the command must "
+                                                 r"carry --model_dir=DIR .*, set resumes_itself"):
             launcher.launch([sys.executable, "-c", "pass"], 2, max_restarts=1)
         out = io.StringIO()  # Exit 2 (bad input) fails the same way again: no restart.
         status = launcher.launch([sys.executable, "-c", "import sys; sys.exit(2)",
@@ -347,7 +348,10 @@ class LauncherTest(tf.test.TestCase):
 
     def test_the_script_answers_bad_input_with_one_line(self):
         for command, message in ((["--", "/nonexistent"], "Error: Cannot run '/nonexistent'"),
-                                 ([], "Error: Give the command to run after '--'")):
+                                 ([], "Error: Give the command to run after '--'"),
+                                 (["--max_restarts=1", "--", "python", "my_fit.py"],
+                                  "or, if it resumes by itself (Keras's BackupAndRestore, "
+                                  "tfpar's EpochCheckpoint), set --resumes_itself.")):
             result = subprocess.run(
                 [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), *command],
                 capture_output=True, text=True, timeout=120)

@@ -30,8 +30,7 @@ class CrashOnce(keras.callbacks.Callback):
             os._exit(3)  # The process dies, as in a crash.
 
 
-def main(model_dir: str, marker: str, output: str, *launcher_flags: str) -> None:
-    del launcher_flags  # --model_dir, which the launcher reads to say where it resumes.
+def main(model_dir: str, marker: str, output: str) -> None:
     strategy = tfpar.strategies.get("multi_worker_allreduce", 1)
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     rng = np.random.default_rng(0)

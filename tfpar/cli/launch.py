@@ -31,7 +31,11 @@ flags.DEFINE_integer("max_restarts", 0,
                      "After a worker fails (a crash, a kill, a lost peer), stop the others and "
                      "start the whole job again with new ports, up to this many times; each "
                      "restart resumes from the last epoch saved in the command's --model_dir, "
-                     "which it must carry.")
+                     "which it must carry unless --resumes_itself.")
+flags.DEFINE_bool("resumes_itself", False,
+                  "The command resumes by itself when started again (your script with Keras's "
+                  "BackupAndRestore or tfpar's EpochCheckpoint): --max_restarts needs no "
+                  "--model_dir in it.")
 flags.DEFINE_bool("all_output", False,
                   "Every worker prints its progress bars and report; by default only the chief "
                   "(worker 0) does, the others print warnings and errors.")
@@ -45,7 +49,8 @@ def main(argv: list[str]) -> None:
                           "--strategy=multi_worker.")
     sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
                              all_output=FLAGS.all_output, network=FLAGS.network,
-                             max_restarts=FLAGS.max_restarts))
+                             max_restarts=FLAGS.max_restarts,
+                             resumes_itself=FLAGS.resumes_itself))
 
 
 def run() -> None:

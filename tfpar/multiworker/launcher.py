@@ -142,7 +142,8 @@ def _is_loopback(host: str) -> bool:
 
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
            out: TextIO | None = None, all_output: bool = False,
-           network: str = "private", max_restarts: int = 0) -> int:
+           network: str = "private", max_restarts: int = 0,
+           resumes_itself: bool = False) -> int:
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
     Args:
@@ -159,7 +160,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             (a non-zero exit other than 2, bad input: a crash, a kill, a worker stopped by a
             signal of its own, a peer lost; not Ctrl-C or SIGTERM to the launcher). Each
             restart resumes from the last finished epoch in the command's ``--model_dir``,
-            which it must carry.
+            which it must carry unless ``resumes_itself``.
+        resumes_itself: The command resumes by itself when started again (a user's script
+            with Keras's ``BackupAndRestore`` or tfpar's ``EpochCheckpoint``): restarts need no
+            ``--model_dir`` in it.
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
@@ -169,13 +173,18 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
             is not an address of this machine (or not loopback on a private network), a
             private network cannot be made here, or ``max_restarts`` is set without
-            ``--model_dir`` in the command.
+            ``--model_dir`` in the command nor ``resumes_itself``.
     """
     model_dir = model_dir_of(command)
-    _check_launch(command, num_workers, host, network, max_restarts, model_dir)
+    _check_launch(command, num_workers, host, network, max_restarts,
+                  model_dir if model_dir is not None or not resumes_itself else "")
     out = out or sys.stdout
     for restart in range(max_restarts + 1):
-        if restart and model_dir is not None:  # Checked above: restarts need a model_dir.
+        if restart and model_dir is None:  # Checked above: the command resumes by itself.
+            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
+                      "again; the command resumes by itself.\n")
+            out.flush()
+        elif restart:
             epoch = last_saved_epoch(model_dir)
             out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
                       "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
@@ -205,9 +214,11 @@ def _check_launch(command: Sequence[str], num_workers: int, host: str, network: 
         raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
                           f"{{argument}}={max_restarts!r}.", argument="max_restarts")
     if max_restarts and model_dir is None:
-        raise ConfigError("{argument} > 0 restarts the job from its last saved epoch: the "
-                          "command must carry --model_dir=DIR (where the epochs are saved). "
-                          f"Received: {{argument}}={max_restarts}.", argument="max_restarts")
+        raise ConfigError(f"Restarts (max_restarts={max_restarts}) resume the job from its last "
+                          "saved epoch: the command must carry --model_dir=DIR (where the "
+                          "epochs are saved), or, if it resumes by itself (Keras's "
+                          "BackupAndRestore, tfpar's EpochCheckpoint), set {argument}.",
+                          argument="resumes_itself")
     if network not in NETWORKS:
         raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
     if network == "private" and not _is_loopback(host):
