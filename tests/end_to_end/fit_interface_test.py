@@ -11,8 +11,10 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
+from absl.testing import parameterized
 
 from tfpar import testing
+from tfpar.compat import keras_fixes
 from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
 
@@ -328,6 +330,130 @@ class OwnStepsTest(testing.StrategyTestCase):
         self.assertAllClose(histories[0], histories[1], rtol=1e-5, atol=1e-6)
         self.assertAllClose(reference.evaluate(data, verbose=0, return_dict=True),
                             model.evaluate(data, verbose=0, return_dict=True), rtol=1e-5)
+
+
+class GuideSteps(keras.Model):
+    """The train_step and test_step of keras.io's "Customizing what happens in fit() with
+    TensorFlow", as written there: compute_loss, then update_state(loss) for the metric named
+    "loss"."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)  # Forward pass
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+        self.optimizer.apply(gradients, trainable_vars)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(y=y, y_pred=y_pred)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class GuideLowerLevel(keras.Model):
+    """The guide's "going lower-level" model: its own loss and loss tracker."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+        self.loss_fn = keras.losses.MeanSquaredError()
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss_fn(y, y_pred)
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+        self.optimizer.apply(gradients, trainable_vars)
+        self.loss_tracker.update_state(loss)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        self.loss_tracker.update_state(self.loss_fn(y, y_pred))
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.mae_metric]
+
+
+def guide_model(model_class):
+    def build():
+        inputs = keras.Input(shape=(13,))
+        model = model_class(inputs, keras.layers.Dense(6)(inputs))
+        if model_class is GuideSteps:
+            model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+        else:
+            model.compile(optimizer=keras.optimizers.SGD(0.05))
+        return model
+
+    return build
+
+
+def guide_data() -> tf.data.Dataset:
+    rng = np.random.default_rng(3)
+    return tf.data.Dataset.from_tensor_slices((rng.normal(size=(24, 13)).astype("float32"),
+                                               rng.normal(size=(24, 6)).astype("float32"))
+                                              ).batch(4)
+
+
+class GuideStepsTest(testing.StrategyTestCase, parameterized.TestCase):
+    """keras.io's own train_step/test_step, copied as written, log and evaluate the loss one
+    device does (Keras divides compute_loss's and a loss's value by the replica count for the
+    gradient; its own steps alone multiplied it back)."""
+
+    def fit_and_evaluate(self, build, strategy):
+        reference = build()
+        with strategy.scope():
+            model = build()
+        model.set_weights(reference.get_weights())
+        return [(m.fit(guide_data(), epochs=2, verbose=0).history,
+                 m.evaluate(guide_data(), verbose=0, return_dict=True))
+                for m in (reference, model)]
+
+    @testing.for_each_strategy(num_devices=(2,))
+    def test_the_guides_steps_log_what_one_device_logs(self, strategy_name, num_devices):
+        strategy = self.strategy(strategy_name, 2)
+        for model_class in (GuideSteps, GuideLowerLevel):
+            (history, evaluation), (got_history, got_evaluation) = self.fit_and_evaluate(
+                guide_model(model_class), strategy)
+            self.assertAllClose(history, got_history, rtol=1e-5, atol=1e-6,
+                                msg=model_class.__name__)
+            self.assertAllClose(evaluation, got_evaluation, rtol=1e-5, atol=1e-6,
+                                msg=model_class.__name__)
+
+    def test_half_the_loss_without_the_fix(self):
+        strategy = self.strategy("mirrored", 2)
+        keras_fixes.uninstall(LOSS_FIXES)
+        try:
+            (_, evaluation), (_, got) = self.fit_and_evaluate(guide_model(GuideSteps), strategy)
+        finally:
+            keras_fixes.install(LOSS_FIXES)
+        self.assertAllClose(got["loss"] * 2, evaluation["loss"], rtol=1e-5)
+
+
+LOSS_FIXES = ("scaled_loss_records", "scaled_loss_marks", "scaled_compute_loss_marks",
+              "mean_of_scaled_losses")
 
 
 class AllReduceFitFeaturesTest(testing.StrategyTestCase):

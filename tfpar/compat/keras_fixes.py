@@ -1,4 +1,4 @@
-"""Fixes for four defects of Keras 3 under ``tf.distribute``, installed by tfpar.
+"""Fixes for five defects of Keras 3 under ``tf.distribute``, installed by tfpar.
 
 1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
    strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
@@ -31,6 +31,18 @@
    wrong. The fix adds through TensorFlow's own ``assign_add``/``assign_sub`` there, which the
    strategy sums as increments; everywhere else Keras's code runs.
 
+5. **A model's own step logs a fraction of the loss** (``scale_loss_for_distribution``,
+   ``Loss.__call__``, ``Trainer.compute_loss``, ``Mean.update_state``). Inside a replica
+   context of N replicas, a Keras loss and ``compute_loss`` return the loss divided by N, so
+   that the replicas' gradients sum to the batch's. Keras's own steps multiply it back before
+   their loss tracker sees it; a model's own ``train_step``/``test_step`` written as keras.io's
+   "customizing what happens in fit" guide teaches (``loss = self.compute_loss(...)``, then
+   ``metric.update_state(loss)`` for the metric named ``"loss"``) logged and evaluated 1/N of
+   the loss (0.817 against 1.635 on one device, 2 replicas). The fix marks the values Keras
+   scaled by 1/N (the output of a ``Loss`` call or of Keras's ``compute_loss`` during which
+   Keras scaled), and a ``Mean`` metric given such a value records it times N. Gradients are
+   untouched, and a value the user scaled back (``loss * N``) is a new, unmarked one.
+
 No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
 or how its variables add, so the fixes wrap these private attributes of
 ``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only
@@ -46,9 +58,12 @@ when it is built (:class:`tfpar.strategies.base.TfparStrategy`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol
@@ -182,6 +197,88 @@ def _wrap_aggregating_add(original: Callable, method: str) -> Callable:
     return add
 
 
+def _loss_module() -> Any:
+    """Keras's loss module, whose ``scale_loss_for_distribution`` every Keras loss and the
+    TensorFlow trainer call by module attribute (imported behind the gate)."""
+    return importlib.import_module("keras.src.losses.loss")
+
+
+def _trainer_base() -> Any:
+    """Keras's backend-neutral ``Trainer``, which defines ``compute_loss``."""
+    return importlib.import_module("keras.src.trainers.trainer").Trainer
+
+
+# The replica counts Keras divided losses by while a Loss call or compute_loss ran (a stack of
+# lists per thread: nested calls report to the outer one), and the values it returned.
+_scales = threading.local()
+_marked: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _mark(value: Any, replicas: int) -> None:
+    key = id(value)
+
+    def forget(_: weakref.ref) -> None:
+        _marked.pop(key, None)
+
+    _marked[key] = (weakref.ref(value, forget), replicas)
+
+
+def replicas_scaled(value: Any) -> int:
+    """N when ``value`` is a loss Keras divided by N replicas for the gradient, else 1."""
+    entry = _marked.get(id(value))
+    return entry[1] if entry is not None and entry[0]() is value else 1
+
+
+@contextlib.contextmanager
+def _recording_scales():
+    outer = getattr(_scales, "current", None)
+    inner: list[int] = []
+    _scales.current = inner
+    try:
+        yield inner
+    finally:
+        _scales.current = outer
+        if outer is not None:
+            outer.extend(inner)
+
+
+def _wrap_scale(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def scale_loss_for_distribution(value):
+        scaled = original(value)
+        current = getattr(_scales, "current", None)
+        if scaled is not value and current is not None:
+            current.append(tf.distribute.get_strategy().num_replicas_in_sync)
+        return scaled
+
+    return scale_loss_for_distribution
+
+
+def _wrap_marking(original: Callable) -> Callable:
+    """Marks what ``original`` (a Loss call, ``compute_loss``) returns when Keras scaled during
+    it, by one replica count."""
+    @functools.wraps(original)
+    def marking(*args, **kwargs):
+        with _recording_scales() as scales:
+            result = original(*args, **kwargs)
+        if scales and len(set(scales)) == 1 and tf.is_tensor(result):
+            _mark(result, scales[0])
+        return result
+
+    return marking
+
+
+def _wrap_mean_update(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def update_state(self, values, sample_weight=None):
+        replicas = replicas_scaled(values)
+        if replicas > 1:
+            values = values * tf.cast(replicas, values.dtype)
+        return original(self, values, sample_weight=sample_weight)
+
+    return update_state
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
     """One fix: which attribute of which object it wraps, and how.
@@ -220,6 +317,15 @@ FIXES = (
     Fix("aggregating_assign_sub", "the same for assign_sub",
         lambda: _tf_core().Variable, "assign_sub",
         functools.partial(_wrap_aggregating_add, method="assign_sub")),
+    Fix("scaled_loss_records", "the losses Keras divides by the replica count for the "
+        "gradient are recorded", _loss_module, "scale_loss_for_distribution", _wrap_scale),
+    Fix("scaled_loss_marks", "a Keras loss's value divided by the replica count is marked so",
+        lambda: keras.losses.Loss, "__call__", _wrap_marking),
+    Fix("scaled_compute_loss_marks", "the same for Keras's compute_loss",
+        _trainer_base, "compute_loss", _wrap_marking),
+    Fix("mean_of_scaled_losses", "a Mean metric given a marked loss records the whole loss "
+        "(a model's own train_step/test_step logs what one device logs)",
+        lambda: keras.metrics.Mean, "update_state", _wrap_mean_update),
 )
 
 _originals: dict[str, Callable] = {}

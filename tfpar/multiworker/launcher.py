@@ -184,7 +184,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
                       "again; the command resumes by itself.\n")
             out.flush()
-        elif restart:
+        elif restart and model_dir is not None:
             epoch = last_saved_epoch(model_dir)
             out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
                       "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
