@@ -1,6 +1,7 @@
 """Tests that tfpar's Keras fixes are what make fit survive, and that they know their limits."""
 
 import io
+import json
 import os
 import sys
 from unittest import mock
@@ -145,6 +146,92 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
                 mock.patch.dict(os.environ, {keras_fixes.MODE_ENV: "force"}):
             keras_fixes.install()
             self.assertTrue(keras_fixes.installed())
+
+
+BACKUP_FIXES = ("backup_chief_writes", "backup_chief_deletes", "backup_epoch_count")
+
+
+class WorkerModel:
+    """What BackupAndRestore asks of its model, on a worker that is not the chief: it records
+    where the weights are saved."""
+
+    built = True
+    optimizer = None
+
+    def __init__(self):
+        self.saved_to = []
+        self.distribute_strategy = mock.Mock(**{"extended.should_checkpoint": False})
+
+    def save_weights(self, filepath, overwrite=True):
+        self.saved_to.append(filepath)
+        with open(filepath, "w") as f:
+            f.write("weights")
+
+
+class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
+    """Keras's BackupAndRestore across workers, and the epochs it records (the launcher tests
+    restart a 2-worker job with it and check its final weights)."""
+
+    def setUp(self):
+        super().setUp()
+        keras_fixes.install(BACKUP_FIXES)
+
+    def tearDown(self):
+        keras_fixes.install(BACKUP_FIXES)
+        super().tearDown()
+
+    def new_dir(self):
+        path = os.path.join(self.get_temp_dir(), f"backup_{len(os.listdir(self.get_temp_dir()))}")
+        os.makedirs(path)
+        return path
+
+    def epoch_recorded(self, backup_dir, epochs_batches):
+        """Runs the callback through (epoch, batches) and returns the epoch it saved last."""
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        callback = keras.callbacks.BackupAndRestore(backup_dir, save_freq=2,
+                                                    delete_checkpoint=False)
+        callback.set_model(model)
+        callback.set_params({"steps": 4, "epochs": 4})
+        for epoch, batches in epochs_batches:
+            callback.on_epoch_begin(epoch)
+            for batch in range(batches):
+                callback.on_train_batch_end(batch)
+            if batches == 4:
+                callback.on_epoch_end(epoch)
+        with open(os.path.join(backup_dir, "training_metadata.json")) as f:
+            return json.load(f)["epoch"]
+
+    @parameterized.parameters(True, False)
+    def test_the_epochs_finished_are_recorded(self, fixed):
+        if not fixed:
+            keras_fixes.uninstall(BACKUP_FIXES)
+        # Saved after epoch 0's last batch: resumed, training starts at epoch 1 (Keras: 0,
+        # so epoch 0 ran again).
+        self.assertEqual(self.epoch_recorded(self.new_dir(), [(0, 4)]),
+                         1 if fixed else 0)
+        # A run resumed at epoch 2, saved mid-epoch: epoch 2 starts again (Keras: epoch 0).
+        self.assertEqual(self.epoch_recorded(self.new_dir(), [(2, 2)]),
+                         2 if fixed else 0)
+
+    @parameterized.parameters(True, False)
+    def test_a_worker_that_is_not_the_chief_leaves_the_backup_alone(self, fixed):
+        if not fixed:
+            keras_fixes.uninstall(BACKUP_FIXES)
+        backup_dir = self.new_dir()
+        with open(os.path.join(backup_dir, "latest.weights.h5"), "w") as f:
+            f.write("the chief's")
+        callback = keras.callbacks.BackupAndRestore(backup_dir)
+        model = WorkerModel()
+        callback.set_model(model)
+        callback.on_epoch_end(0)
+        with open(os.path.join(backup_dir, "latest.weights.h5")) as f:
+            self.assertEqual(f.read(), "the chief's" if fixed else "weights")
+        self.assertLen(model.saved_to, 1)
+        self.assertEqual(os.path.dirname(model.saved_to[0]) != backup_dir, fixed)
+        if fixed:  # The scratch folder is gone.
+            self.assertFalse(os.path.exists(os.path.dirname(model.saved_to[0])))
+        callback.on_train_end()
+        self.assertEqual(os.path.exists(backup_dir), fixed)
 
 
 if __name__ == "__main__":

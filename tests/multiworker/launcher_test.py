@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from absl.testing import parameterized
 
 from tfpar.errors import ConfigError
 from tfpar.multiworker import launcher
@@ -37,7 +38,7 @@ def signal_worker_after(launch: subprocess.Popen, saved_line: str,
     return seen, max(workers)
 
 
-class LauncherTest(tf.test.TestCase):
+class LauncherTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_a_failing_worker_stops_the_others(self):
         code = ("import json, os, sys, time\n"
@@ -109,13 +110,15 @@ class LauncherTest(tf.test.TestCase):
         for name in names:
             self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
 
-    def test_a_users_own_resume_loop_under_restarts(self):
-        # Keras 3's BackupAndRestore cannot serve here: every worker writes the same backup
-        # file (h5py "unable to lock file" at the first epoch's end, on one machine); tfpar's
-        # EpochCheckpoint writes from the chief only and every worker reads.
+    @parameterized.parameters(
+        ("epoch_checkpoint", "multi_worker_allreduce"),
+        # Keras's own BackupAndRestore, as keras.io's guide teaches it: every worker wrote the
+        # same file (h5py "unable to lock file") before tfpar's fix; the chief writes now.
+        ("backup", "multi_worker"), ("backup_every_2", "multi_worker_allreduce"))
+    def test_a_users_own_resume_loop_under_restarts(self, resume, entry):
         weights = []
         for crash in (True, False):
-            base = os.path.join(self.get_temp_dir(), f"crash_{crash}")
+            base = os.path.join(self.get_temp_dir(), f"{resume}_{crash}")
             os.makedirs(base)
             marker = os.path.join(base, "crashed")
             if not crash:
@@ -124,14 +127,19 @@ class LauncherTest(tf.test.TestCase):
             # The user's script takes no --model_dir: it says where it resumes from itself.
             status = launcher.launch(
                 [sys.executable, os.path.join(HERE, "user_resume_worker.py"),
-                 os.path.join(base, "state"), marker, os.path.join(base, "final.npz")], 2,
-                out=out, max_restarts=1, resumes_itself=True)
+                 os.path.join(base, "state"), marker, os.path.join(base, "final.npz"), resume,
+                 entry], 2, out=out, max_restarts=1, resumes_itself=True)
             self.assertEqual(status, 0, out.getvalue()[-3000:])
             if crash:
                 self.assertIn("launcher: restart 1 of 1: starting every worker again; the "
                               "command resumes by itself.", out.getvalue())
-                self.assertIn("[worker 1] starting at epoch 2", out.getvalue())
+                if resume == "epoch_checkpoint":
+                    self.assertIn("[worker 1] starting at epoch 2", out.getvalue())
+                else:
+                    self.assertIn("launcher: worker 1 was killed by signal 9", out.getvalue())
             weights.append(list(np.load(os.path.join(base, "final.npz")).values()))
+            if resume != "epoch_checkpoint":  # Deleted by the chief at the end, as Keras does.
+                self.assertFalse(os.path.exists(os.path.join(base, "state")))
         for restarted, uninterrupted in zip(*weights):
             self.assertAllEqual(uninterrupted, restarted)
 

@@ -1,13 +1,17 @@
 """A user's multi-worker script with its own kill-and-resume, run by the launcher's tests.
 
-``python user_resume_worker.py MODEL_DIR CRASH_MARKER OUTPUT``: trains 4 epochs under
-``multi_worker_allreduce`` with :class:`tfpar.callbacks.EpochCheckpoint` (resuming from
-MODEL_DIR), every worker crashing at the start of epoch 3 unless CRASH_MARKER exists (worker 1
-creates it, so a restarted job does not crash again), and saves the final weights to OUTPUT.
+``python user_resume_worker.py MODEL_DIR CRASH_MARKER OUTPUT [RESUME [ENTRY]]``: trains 4
+epochs of 4 steps under ENTRY (default ``multi_worker_allreduce``), resuming from MODEL_DIR
+with RESUME: ``epoch_checkpoint`` (:class:`tfpar.callbacks.EpochCheckpoint`, the default),
+``backup`` (Keras's ``BackupAndRestore``, ``save_freq="epoch"``) or ``backup_every_2``
+(``save_freq=2``). Unless CRASH_MARKER exists, at the start of epoch 3 every worker crashes
+(``epoch_checkpoint``) or worker 1 kills itself with signal 9 (``backup*``); worker 1 creates
+the marker, so a restarted job does not fail again. Saves the final weights to OUTPUT.
 """
 
 import json
 import os
+import signal
 import sys
 
 import keras
@@ -19,19 +23,23 @@ from tfpar.callbacks import EpochCheckpoint
 
 
 class CrashOnce(keras.callbacks.Callback):
-    def __init__(self, marker: str, rank: int):
+    def __init__(self, marker: str, rank: int, kill: bool):
         super().__init__()
-        self.marker, self.rank = marker, rank
+        self.marker, self.rank, self.kill = marker, rank, kill
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 2 and not os.path.exists(self.marker):
             if self.rank == 1:
                 open(self.marker, "w").close()
-            os._exit(3)  # The process dies, as in a crash.
+                if self.kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if not self.kill:
+                os._exit(3)  # The process dies, as in a crash.
 
 
-def main(model_dir: str, marker: str, output: str) -> None:
-    strategy = tfpar.strategies.get("multi_worker_allreduce", 1)
+def main(model_dir: str, marker: str, output: str, resume: str = "epoch_checkpoint",
+         entry: str = "multi_worker_allreduce") -> None:
+    strategy = tfpar.strategies.get(entry, 1)
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     rng = np.random.default_rng(0)
     x, y = rng.random((64, 8), dtype=np.float32), rng.integers(0, 3, 64)
@@ -40,12 +48,18 @@ def main(model_dir: str, marker: str, output: str) -> None:
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    checkpoint = EpochCheckpoint(model_dir, model, strategy)
-    initial_epoch = checkpoint.restore()
-    print(f"starting at epoch {initial_epoch}", flush=True)
+    if resume == "epoch_checkpoint":
+        checkpoint = EpochCheckpoint(model_dir, model, strategy)
+        initial_epoch = checkpoint.restore()
+        print(f"starting at epoch {initial_epoch}", flush=True)
+        callbacks = [checkpoint]
+    else:  # Keras's own, as keras.io and TensorFlow's fault-tolerance guides teach it.
+        initial_epoch = 0
+        callbacks = [keras.callbacks.BackupAndRestore(
+            model_dir, save_freq="epoch" if resume == "backup" else 2)]
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat(), steps_per_epoch=4,
               epochs=4, initial_epoch=initial_epoch, verbose=0,
-              callbacks=[checkpoint, CrashOnce(marker, rank)])
+              callbacks=[*callbacks, CrashOnce(marker, rank, kill=resume != "epoch_checkpoint")])
     if rank == 0:
         np.savez(output, *model.get_weights())
 

@@ -43,6 +43,15 @@
    Keras scaled), and a ``Mean`` metric given such a value records it times N. Gradients are
    untouched, and a value the user scaled back (``loss * N``) is a new, unmarked one.
 
+6. **``BackupAndRestore`` across workers** (its ``_save_model``, ``on_train_end``,
+   ``on_epoch_begin``). Every worker wrote the same backup file (h5py's "unable to lock file"
+   at the first save on one machine) and deleted the folder at the end. The fix lets the
+   chief (``strategy.extended.should_checkpoint``) write and delete, and has every other
+   worker save to a scratch folder it deletes (saving may need every worker). With an integer
+   ``save_freq`` Keras also recorded the wrong epoch: a state saved after an epoch's last batch
+   as that epoch (resumed, it ran the epoch again), and every save after a resume counted the
+   epochs from 0; the fix records the epochs finished.
+
 No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
 or how its variables add, so the fixes wrap these private attributes of
 ``keras.src.backend.tensorflow`` (the originals are kept and called). Each wrapper acts only
@@ -62,6 +71,8 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import shutil
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable
@@ -279,6 +290,64 @@ def _wrap_mean_update(original: Callable) -> Callable:
     return update_state
 
 
+def _writes_checkpoints(callback: Any) -> bool:
+    """Whether this process writes the callback's files: the chief of a multi-worker strategy,
+    and every single process."""
+    strategy = getattr(callback.model, "distribute_strategy", None)
+    return strategy is None or bool(strategy.extended.should_checkpoint)
+
+
+_BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path",
+                 "_prev_weights_path", "_prev_training_metadata_path")
+
+
+def _wrap_backup_save(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def _save_model(self):
+        steps = (self.params or {}).get("steps")
+        after_last_batch = (self.save_freq != "epoch" and steps
+                            and self._last_batch_seen + 1 == steps)
+        epoch, batch = self._current_epoch, self._last_batch_seen
+        if after_last_batch:  # The state at the epoch's end: the next epoch starts from it.
+            self._current_epoch, self._last_batch_seen = epoch + 1, 0
+        try:
+            if _writes_checkpoints(self):
+                return original(self)
+            scratch = tempfile.mkdtemp(prefix="tfpar-backup-")
+            kept = {name: getattr(self, name) for name in _BACKUP_PATHS}
+            try:
+                for name, path in kept.items():
+                    setattr(self, name, path.replace(kept["backup_dir"], scratch, 1))
+                return original(self)
+            finally:
+                for name, path in kept.items():
+                    setattr(self, name, path)
+                shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            self._current_epoch, self._last_batch_seen = epoch, batch
+
+    return _save_model
+
+
+def _wrap_backup_train_end(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def on_train_end(self, logs=None):
+        if _writes_checkpoints(self):
+            return original(self, logs)
+        return None
+
+    return on_train_end
+
+
+def _wrap_backup_epoch_begin(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch  # The epochs finished, after a resume too.
+        return original(self, epoch, logs)
+
+    return on_epoch_begin
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
     """One fix: which attribute of which object it wraps, and how.
@@ -323,6 +392,14 @@ FIXES = (
         lambda: keras.losses.Loss, "__call__", _wrap_marking),
     Fix("scaled_compute_loss_marks", "the same for Keras's compute_loss",
         _trainer_base, "compute_loss", _wrap_marking),
+    Fix("backup_chief_writes", "BackupAndRestore: the chief writes the backup, other workers "
+        "a scratch folder; a state saved after an epoch's last batch resumes at the next",
+        lambda: keras.callbacks.BackupAndRestore, "_save_model", _wrap_backup_save),
+    Fix("backup_chief_deletes", "BackupAndRestore: only the chief deletes the backup at the end",
+        lambda: keras.callbacks.BackupAndRestore, "on_train_end", _wrap_backup_train_end),
+    Fix("backup_epoch_count", "BackupAndRestore: saves after a resume record the epochs "
+        "finished, not those since the resume",
+        lambda: keras.callbacks.BackupAndRestore, "on_epoch_begin", _wrap_backup_epoch_begin),
     Fix("mean_of_scaled_losses", "a Mean metric given a marked loss records the whole loss "
         "(a model's own train_step/test_step logs what one device logs)",
         lambda: keras.metrics.Mean, "update_state", _wrap_mean_update),
