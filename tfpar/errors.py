@@ -69,6 +69,12 @@ class PortTakenError(ClusterError):
     exit_status = 75  # EX_TEMPFAIL: trying again (with other ports) may succeed.
 
 
+class PeerUnreachableError(ClusterError):
+    """A peer of the cluster did not come up (or its packets went nowhere) within the wait."""
+
+    exit_status = 69  # EX_UNAVAILABLE: the job can run once every worker is up.
+
+
 class PeerLostError(ClusterError):
     """A worker of a multi-worker job stopped answering during training."""
 

@@ -17,6 +17,7 @@ from tfpar import testing
 from tfpar import training
 from tfpar.errors import NonFiniteLossError
 from tfpar.multiworker import launcher
+from tfpar.multiworker import private_network
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
@@ -121,9 +122,10 @@ class UnreachablePeerTest(tf.test.TestCase):
     def test_the_wait_is_reported_and_bounded_by_the_cluster_timeout(self):
         job, peer = self.start_worker("--cluster_timeout=7")
         _, stderr = job.communicate(timeout=120)
-        self.assertEqual(job.returncode, 2, stderr[-2000:])
+        self.assertEqual(job.returncode, 69, stderr[-2000:])
         self.assertIn(f"Waiting for worker 0 ({peer}) since", stderr)
-        self.assertIn(f"Error: Worker 0 ({peer}) did not come up within 7 s.", stderr)
+        self.assertIn(f"Error: Worker 0 ({peer}) did not come up within 7 s (its port did "
+                      "not answer", stderr)
         self.assertNotIn("Traceback", stderr)
 
     def test_sigterm_ends_the_wait(self):
@@ -139,6 +141,63 @@ class UnreachablePeerTest(tf.test.TestCase):
         self.assertEqual(job.returncode, 130, stderr[-2000:])
         self.assertLess(time.monotonic() - start, 10)
         self.assertIn("Interrupted.", stderr)
+        self.assertNotIn("Traceback", stderr)
+
+
+class DroppedPacketsTest(tf.test.TestCase):
+    """A peer whose packets are dropped (a firewall that drops, a dead host on a routed
+    network): inside a network namespace of the test's own, the worker's address on one end of
+    a veth pair and a static neighbour entry for the peer's address, which nothing answers, so a
+    connection to it times out in silence. No packet leaves the namespace."""
+
+    WORKER, PEER = "192.0.2.1", "192.0.2.2"  # TEST-NET-1, inside the namespace only.
+
+    def start_worker(self, *flags):
+        network = private_network.Namespace()
+        self.addCleanup(network.close)
+        for command in (("link", "add", "tfpar0", "type", "veth", "peer", "name", "tfpar1"),
+                        ("addr", "add", f"{self.WORKER}/24", "dev", "tfpar0"),
+                        ("link", "set", "tfpar0", "up"), ("link", "set", "tfpar1", "up"),
+                        ("neigh", "add", self.PEER, "lladdr", "02:00:00:00:00:02", "dev",
+                         "tfpar0", "nud", "permanent")):
+            subprocess.run(["ip", *command], check=True, preexec_fn=network.enter)
+        hosts = f"{self.WORKER}:23456,{self.PEER}:23456"
+        start = time.monotonic()
+        job = subprocess.Popen(
+            [sys.executable, TRAIN, "--dataset=digits", "--epochs=1", "--strategy=multi_worker",
+             f"--worker_hosts={hosts}", "--task_index=0", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=network.enter, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.addCleanup(job.kill)
+        return job, start
+
+    def wait_for_the_waiting_line(self, job, start):
+        lines = []
+        while not any(f"Waiting for worker 1 ({self.PEER}:23456)" in line for line in lines):
+            line = job.stderr.readline()
+            self.assertTrue(line, "".join(lines)[-2000:])  # It must not end by itself.
+            lines.append(line)
+        self.assertLess(time.monotonic() - start, 10, "".join(lines)[-2000:])
+        return lines
+
+    def test_the_worker_says_what_it_waits_for_and_gives_up_at_the_timeout(self):
+        job, start = self.start_worker("--cluster_timeout=15")
+        lines = self.wait_for_the_waiting_line(job, start)
+        stderr = "".join(lines) + job.communicate(timeout=120)[1]
+        self.assertEqual(job.returncode, 69, stderr[-2000:])
+        self.assertBetween(time.monotonic() - start, 15, 45)
+        self.assertIn(f"Error: Worker 1 ({self.PEER}:23456) did not come up within 15 s",
+                      stderr)
+        self.assertNotIn("Traceback", stderr)
+
+    def test_sigterm_ends_the_wait(self):
+        job, start = self.start_worker("--cluster_timeout=300")
+        self.wait_for_the_waiting_line(job, start)
+        signalled = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 130, stderr[-2000:])
+        self.assertLess(time.monotonic() - signalled, 10)
         self.assertNotIn("Traceback", stderr)
 
 

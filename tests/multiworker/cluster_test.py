@@ -12,6 +12,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tfpar.errors import ClusterError
+from tfpar.errors import PeerUnreachableError
 from tfpar.errors import PortTakenError
 from tfpar.multiworker import cluster
 from tfpar.multiworker import launcher
@@ -80,8 +81,9 @@ class WaitForPeersTest(tf.test.TestCase):
     def test_says_whom_it_waits_for_and_gives_up(self):
         own, peer = launcher.free_ports(2)
         messages = []
-        with self.assertRaisesRegex(ClusterError, rf"^Worker 1 \(127\.0\.0\.1:{peer}\) did not "
-                                                  r"come up within 1\.5 s\. Start every task"):
+        with self.assertRaisesRegex(PeerUnreachableError,
+                                    rf"^Worker 1 \(127\.0\.0\.1:{peer}\) did not come up within "
+                                    r"1\.5 s \(its port did not answer.*\)\. Start every task"):
             cluster.wait_for_peers(self._resolver(own, peer), timeout=1.5,
                                    report=messages.append, report_every=0.5)
         self.assertNotEmpty(messages)
@@ -122,7 +124,8 @@ class WaitForPeersTest(tf.test.TestCase):
             port = silent.getsockname()[1]
             messages = []
             with self.assertRaisesRegex(ClusterError, rf"^Worker 1 \(127\.0\.0\.1:{port}\) "
-                                                      r"did not come up within 3 s"):
+                                                      r"did not come up within 3 s \(its port "
+                                                      r"did not answer"):
                 cluster.wait_for_peers(self._resolver(self._free_port(), port), timeout=3,
                                        report=messages.append, report_every=1)
         self.assertRegex(messages[0], rf"^Waiting for worker 1 \(127\.0\.0\.1:{port}\)")

@@ -26,6 +26,7 @@ from typing import Any
 from absl import logging
 
 from tfpar.errors import ClusterError
+from tfpar.errors import PeerUnreachableError
 from tfpar.errors import PortTakenError
 from tfpar.multiworker import kubernetes
 from tfpar.multiworker import slurm
@@ -37,6 +38,7 @@ SOURCES = ("auto", "tf_config", "slurm", "kubernetes", "flags")
 TASK_TYPES = ("chief", "worker")
 DEFAULT_TIMEOUT_SECONDS = 300.0
 REPORT_EVERY_SECONDS = 5.0
+FIRST_REPORT_SECONDS = 1.0  # The first "waiting for" line comes soon; later ones every 5 s.
 # Set to "1" by the launcher when the workers run on a private network (.private_network).
 PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
 
@@ -234,8 +236,9 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
     TensorFlow's own wait for the cluster (inside the strategy's constructor) is silent,
     endless, and deaf to SIGTERM and Ctrl-C. This one runs first, in Python: it holds this
     task's port (so the peers see it is up, and a port already taken is found at once), polls
-    the peers' ports, reports which are missing every ``report_every`` seconds, and gives up
-    after ``timeout``. A signal interrupts it like any Python code.
+    the peers' ports, reports which are missing after a second and then every
+    ``report_every`` seconds, and gives up after ``timeout``. A signal interrupts it like any
+    Python code.
 
     Args:
         cluster_resolver: The cluster, with this task's type and index.
@@ -245,7 +248,7 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
 
     Raises:
         PortTakenError: If this task's port is in use by another program.
-        ClusterError: If a peer is not up after ``timeout`` seconds.
+        PeerUnreachableError: If a peer is not up after ``timeout`` seconds.
     """
     spec = cluster_resolver.cluster_spec()
     me = (cluster_resolver.task_type, cluster_resolver.task_id)
@@ -257,7 +260,7 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
     with _held_port(own, me[0]) as listener:
         missing = dict(sorted(tasks.items()))
         start, since = time.monotonic(), time.strftime("%H:%M:%S")
-        next_report = start + report_every
+        next_report = start + min(FIRST_REPORT_SECONDS, report_every)
         while True:
             _greet_probes(listener)
             missing = {task: address for task, address in missing.items()
@@ -268,14 +271,15 @@ def wait_for_peers(cluster_resolver: tf.distribute.cluster_resolver.ClusterResol
             names = ", ".join(f"{job} {index} ({address})"
                               for (job, index), address in missing.items())
             if waited > timeout:
-                raise ClusterError(f"{names[0].upper()}{names[1:]} did not come up within "
-                                   f"{timeout:g} s. Start every task of the cluster (each with "
-                                   "its own task index), or wait longer with a larger "
-                                   "cluster_timeout.")
+                raise PeerUnreachableError(
+                    f"{names[0].upper()}{names[1:]} did not come up within {timeout:g} s (its "
+                    "port did not answer: not started, down, or unreachable from here). Start "
+                    "every task of the cluster (each with its own task index), check that "
+                    "this machine reaches it, or wait longer with a larger cluster_timeout.")
             if time.monotonic() >= next_report:
                 report(f"Waiting for {names} since {since} ({waited:.0f} s; giving up after "
                        f"{timeout:g} s).")
-                next_report += report_every
+                next_report = time.monotonic() + report_every
             time.sleep(0.25)
 
 
@@ -335,7 +339,7 @@ def connect(make: Callable[[], tf.distribute.Strategy],
 
     Raises:
         PortTakenError: If this worker's port is in use by another program.
-        ClusterError: If the peers do not come up within ``timeout``.
+        PeerUnreachableError: If the peers do not come up within ``timeout``.
     """
     if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
         if os.environ.get(PRIVATE_NETWORK_ENV) != "1":
