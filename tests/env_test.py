@@ -32,7 +32,12 @@ class EnvTest(tf.test.TestCase):
         self.assertStartsWith(info["keras_fixes"]["applied"], "yes")
         self.assertCountEqual(info["keras_fixes"]["fixes"], [
             "symbolic_build", "reduce_per_replica", "multi_step_train_function",
-            "multi_step_test_function", "aggregating_assign_add", "aggregating_assign_sub"])
+            "multi_step_test_function", "aggregating_assign_add", "aggregating_assign_sub",
+            "backup_chief_writes", "backup_chief_deletes", "backup_epoch_count",
+            "scaled_loss_records", "scaled_loss_marks", "scaled_compute_loss_marks",
+            "mean_of_scaled_losses"])
+        self.assertIn(info["machine"]["mixed_bfloat16"].split(" ")[0], ("native", "emulated",
+                                                                         "unknown"))
         self.assertStartsWith(info["iterator_release"]["applied"], "yes")
 
     def test_the_report_leaves_the_cpu_splittable(self):

@@ -21,7 +21,8 @@ class ScriptTest(tf.test.TestCase):
              "--warmup_steps=0"], capture_output=True, text=True, timeout=300,
             env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertRegex(result.stdout, r"\nMachine: .+, \d+ cores\n")
+        self.assertRegex(result.stdout, r"\nMachine: .+, \d+ cores, native bfloat16: "
+                                        r"(no|unknown)\n")  # Capped at AVX2: never native.
         self.assertIn("(oneDNN capped at AVX2)", result.stdout)
         self.assertRegex(result.stdout, r"\nlenet +default +\[CPU:0\] ")
 
