@@ -100,7 +100,28 @@ class InterruptTest(tf.test.TestCase):
         self.assertIsNotNone(tf.train.latest_checkpoint(state))
 
 
-class UnreachablePeerTest(tf.test.TestCase):
+class WaitingWorkerCase(tf.test.TestCase):
+    """Reads a waiting worker's lines, and stops it."""
+
+    def read_until(self, job: subprocess.Popen, text: str) -> list[str]:
+        lines: list[str] = []
+        while not any(text in line for line in lines):
+            line = job.stderr.readline()
+            self.assertTrue(line, "".join(lines)[-2000:])  # It must not end by itself.
+            lines.append(line)
+        return lines
+
+    def assert_sigterm_ends_the_wait(self, job: subprocess.Popen) -> None:
+        signalled = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 130, stderr[-2000:])
+        self.assertLess(time.monotonic() - signalled, 10)
+        self.assertIn("Interrupted.", stderr)
+        self.assertNotIn("Traceback", stderr)
+
+
+class UnreachablePeerTest(WaitingWorkerCase):
     """A worker whose peer's port completes TCP's handshake but never answers (a firewall, a
     proxy, a dead machine behind one): the wait is reported, bounded, and ends on SIGTERM."""
 
@@ -129,22 +150,12 @@ class UnreachablePeerTest(tf.test.TestCase):
         self.assertNotIn("Traceback", stderr)
 
     def test_sigterm_ends_the_wait(self):
-        job, peer = self.start_worker("--cluster_timeout=300")
-        lines = []
-        while not any("Waiting for worker 0" in line for line in lines):
-            line = job.stderr.readline()
-            self.assertTrue(line, "".join(lines)[-2000:])  # It must not end by itself.
-            lines.append(line)
-        start = time.monotonic()
-        job.send_signal(signal.SIGTERM)
-        _, stderr = job.communicate(timeout=60)
-        self.assertEqual(job.returncode, 130, stderr[-2000:])
-        self.assertLess(time.monotonic() - start, 10)
-        self.assertIn("Interrupted.", stderr)
-        self.assertNotIn("Traceback", stderr)
+        job, _ = self.start_worker("--cluster_timeout=300")
+        self.read_until(job, "Waiting for worker 0")
+        self.assert_sigterm_ends_the_wait(job)
 
 
-class DroppedPacketsTest(tf.test.TestCase):
+class DroppedPacketsTest(WaitingWorkerCase):
     """A peer whose packets are dropped (a firewall that drops, a dead host on a routed
     network): inside a network namespace of the test's own, the worker's address on one end of
     a veth pair and a static neighbour entry for the peer's address, which nothing answers, so a
@@ -172,11 +183,7 @@ class DroppedPacketsTest(tf.test.TestCase):
         return job, start
 
     def wait_for_the_waiting_line(self, job, start):
-        lines = []
-        while not any(f"Waiting for worker 1 ({self.PEER}:23456)" in line for line in lines):
-            line = job.stderr.readline()
-            self.assertTrue(line, "".join(lines)[-2000:])  # It must not end by itself.
-            lines.append(line)
+        lines = self.read_until(job, f"Waiting for worker 1 ({self.PEER}:23456)")
         self.assertLess(time.monotonic() - start, 10, "".join(lines)[-2000:])
         return lines
 
@@ -193,12 +200,7 @@ class DroppedPacketsTest(tf.test.TestCase):
     def test_sigterm_ends_the_wait(self):
         job, start = self.start_worker("--cluster_timeout=300")
         self.wait_for_the_waiting_line(job, start)
-        signalled = time.monotonic()
-        job.send_signal(signal.SIGTERM)
-        _, stderr = job.communicate(timeout=60)
-        self.assertEqual(job.returncode, 130, stderr[-2000:])
-        self.assertLess(time.monotonic() - signalled, 10)
-        self.assertNotIn("Traceback", stderr)
+        self.assert_sigterm_ends_the_wait(job)
 
 
 if __name__ == "__main__":

@@ -104,9 +104,11 @@ class WaitForPeersTest(tf.test.TestCase):
         self.servers = []
         other = threading.Thread(target=other_worker)
         other.start()
-        cluster.wait_for_peers(self._resolver(own, peer), timeout=10, report=self.fail)
+        waiting = []  # "Waiting for" lines, while the peer's server starts.
+        cluster.wait_for_peers(self._resolver(own, peer), timeout=10, report=waiting.append)
         other.join(10)
         self.assertFalse(other.is_alive())
+        self.assertTrue(all(line.startswith("Waiting for worker 1") for line in waiting))
 
     def test_a_peer_whose_server_runs_already_counts_as_up(self):
         port = self._free_port()
