@@ -316,16 +316,17 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsNotNone(checkpoint, resumed.stdout[-3000:])
         self.assertIn(int(checkpoint.group(1)), (saved, saved + 1))
 
-    def test_a_hung_worker_ends_the_job_with_one_line_naming_it(self):
+    def test_a_hung_worker_ends_the_job_with_one_line_naming_it_and_a_restart_resumes(self):
         # SIGSTOP: the process lives but stops answering (a hung machine). TensorFlow's
         # coordination service misses its heartbeats for --heartbeat_timeout seconds (3 here;
-        # TensorFlow's default, 10 s, measured 11 s) and aborts the collectives.
+        # TensorFlow's default, 10 s, measured 11 s) and aborts the collectives; worker 0
+        # exits 69, and the launcher starts the job again from the last saved epoch.
         model_dir = os.path.join(self.get_temp_dir(), "state")
         process = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
-             "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+             "--max_restarts=1", "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
              "--strategy=multi_worker", "--dataset=digits", "--batch_size=256",
-             f"--model_dir={model_dir}", "--verbose=2", "--epochs=1000",
+             f"--model_dir={model_dir}", "--verbose=2", "--epochs=3",
              "--heartbeat_timeout=3"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -339,13 +340,17 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 if "[worker 0] Error:" in line:
                     break
             said_after = time.monotonic() - start
-            rest = "".join(rest) + process.communicate(timeout=120)[0]
+            rest = "".join(rest) + process.communicate(timeout=240)[0]
         finally:
             for pid in stopped:  # If the launcher has not ended it already.
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             process.kill()
-        self.assertEqual(process.returncode, 69, rest[-3000:])
+        self.assertEqual(process.returncode, 0, rest[-3000:])
+        self.assertIn("launcher: worker 0 exited with 69; stopped the other workers.", rest)
+        self.assertRegex(rest, r"launcher: restart 1 of 1: starting every worker again, "
+                               r"resuming from epoch [12] in ")
+        self.assertEqual(launcher.last_saved_epoch(model_dir), 3)
         # Well before TensorFlow's own 10 s would have ended it: the option took effect.
         self.assertLess(said_after, 9)
         self.assertRegex(rest, r"\[worker 0\] Error: Worker 1 stopped answering, so TensorFlow "
