@@ -4,6 +4,8 @@ Slow, so excluded from the default run; run it with ``pytest -m slow``.
 """
 
 import os
+import subprocess
+import sys
 
 import keras
 import pytest
@@ -46,6 +48,24 @@ class SoakTest(testing.StrategyTestCase):
         growth = memory.megabytes[-1] - memory.megabytes[9]
         self.assertLess(growth, 30.0, f"resident memory per epoch: {memory.megabytes}")
 
+
+
+@pytest.mark.slow
+class QuietEndTest(tf.test.TestCase):
+    """Ten 2-worker jobs that end well in a row print no TensorFlow abort line (before the
+    chief left last, worker 1 printed StartAbort UNAVAILABLE lines in about 1 run in 8)."""
+
+    def test_ten_good_jobs_print_no_abort_lines(self):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        for run in range(10):
+            result = subprocess.run(
+                [sys.executable, os.path.join(root, "scripts", "launch.py"), "--num_workers=2",
+                 "--", sys.executable, os.path.join(root, "scripts", "train.py"),
+                 "--strategy=multi_worker", "--dataset=digits", "--epochs=1", "--verbose=0"],
+                capture_output=True, text=True, timeout=300)
+            output = result.stdout + result.stderr
+            self.assertEqual(result.returncode, 0, output[-3000:])
+            self.assertNotRegex(output, "StartAbort|UNAVAILABLE", f"run {run + 1}")
 
 if __name__ == "__main__":
     tf.test.main()

@@ -1,5 +1,6 @@
 """Tests of cluster specs and resolvers, and of waiting for the peers."""
 
+import contextlib
 import json
 import os
 import signal
@@ -77,6 +78,32 @@ class WaitForPeersTest(tf.test.TestCase):
 
     def _free_port(self) -> int:
         return launcher.free_ports(1)[0]
+
+    def test_the_chief_leaves_after_its_peers(self):
+        # A peer whose port answers (a running worker) is waited for until it leaves; one that
+        # does not answer (ended, or hung) is not.
+        peer = socket.socket()
+        peer.bind(("127.0.0.1", 0))
+        peer.listen()
+        port = peer.getsockname()[1]
+
+        def answer_then_leave():
+            deadline = time.monotonic() + 1.0
+            peer.settimeout(0.2)
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    connection = peer.accept()[0]
+                    connection.send(b"up")
+                    connection.close()
+            peer.close()
+
+        threading.Thread(target=answer_then_leave).start()
+        start = time.monotonic()
+        cluster.leave_last(self._resolver(self._free_port(), port), timeout=10)
+        self.assertBetween(time.monotonic() - start, 0.9, 5)
+        start = time.monotonic()
+        cluster.leave_last(self._resolver(self._free_port(), port), timeout=10)
+        self.assertLess(time.monotonic() - start, 2)
 
     def test_says_whom_it_waits_for_and_gives_up(self):
         own, peer = launcher.free_ports(2)

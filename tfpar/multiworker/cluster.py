@@ -9,6 +9,7 @@ TensorFlow at import (the command line reads this module's constants).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -315,6 +316,31 @@ def _greet_probes(listener: socket.socket) -> None:
         pass
 
 
+# How long the chief, at exit, waits for the other tasks to leave first.
+LEAVE_LAST_SECONDS = 5.0
+
+
+def leave_last(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,
+               timeout: float = LEAVE_LAST_SECONDS) -> None:
+    """Waits until no other task of the cluster answers at its port (their processes have
+    ended, or hang), for at most ``timeout`` seconds.
+
+    The chief leads TensorFlow's coordination service: when its process ends before another
+    worker's, that worker's next heartbeat fails and TensorFlow prints ``StartAbort UNAVAILABLE
+    ... CoordinationService/Heartbeat`` lines after a job that ended well. The chief calls this
+    as it exits, so that it leaves last.
+    """
+    spec = cluster_resolver.cluster_spec()
+    me = (cluster_resolver.task_type, cluster_resolver.task_id)
+    others = [spec.task_address(job, index) for job in spec.jobs
+              for index in spec.task_indices(job) if (job, index) != me]
+    deadline = time.monotonic() + timeout
+    while others and time.monotonic() < deadline:
+        others = [address for address in others if _answers(address)]
+        if others:
+            time.sleep(0.1)
+
+
 def connect(make: Callable[[], tf.distribute.Strategy],
             cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None,
             timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tf.distribute.Strategy:
@@ -327,7 +353,8 @@ def connect(make: Callable[[], tf.distribute.Strategy],
       listens on every interface, unauthenticated (the launcher's private network avoids it);
     - gives SIGTERM back to the program: TensorFlow's coordination service installs a C++
       SIGTERM handler (its preemption notifier) that only records the notice, so the process
-      would otherwise ignore SIGTERM and train on.
+      would otherwise ignore SIGTERM and train on;
+    - has the chief leave last when the program exits (:func:`leave_last`).
 
     Args:
         make: Builds the strategy (TensorFlow connects to the cluster in it).
@@ -365,4 +392,6 @@ def connect(make: Callable[[], tf.distribute.Strategy],
         raise
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
+    if cluster_resolver is not None and is_multi_worker(strategy) and is_chief(strategy):
+        atexit.register(leave_last, cluster_resolver)
     return strategy
