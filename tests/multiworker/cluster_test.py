@@ -133,6 +133,18 @@ class WaitForPeersTest(tf.test.TestCase):
         other.start()
         waiting = []  # "Waiting for" lines, while the peer's server starts.
         cluster.wait_for_peers(self._resolver(own, peer), timeout=10, report=waiting.append)
+        # This task's port goes on answering (its server would), until the peer has seen it.
+        with socket.socket() as stay:
+            stay.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            stay.bind(("127.0.0.1", own))
+            stay.listen()
+            stay.settimeout(0.2)
+            deadline = time.monotonic() + 30
+            while other.is_alive() and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    connection = stay.accept()[0]
+                    connection.send(b"up")
+                    connection.close()
         other.join(10)
         self.assertFalse(other.is_alive())
         self.assertTrue(all(line.startswith("Waiting for worker 1") for line in waiting))
