@@ -7,10 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import tensorflow as tf
+from absl.testing import parameterized
 
 from tfpar import data
 from tfpar import testing
@@ -201,6 +203,39 @@ class DroppedPacketsTest(WaitingWorkerCase):
         job, start = self.start_worker("--cluster_timeout=300")
         self.wait_for_the_waiting_line(job, start)
         self.assert_sigterm_ends_the_wait(job)
+
+
+class PeerLeavesDuringSetUpTest(tf.test.TestCase, parameterized.TestCase):
+    """A peer that is up when the worker looks (it answers the worker's probe) and gone before
+    TensorFlow has connected the cluster: TensorFlow's own wait would last an hour (the leader's
+    for ever) inside a call that no signal interrupts; the set-up ends at the cluster timeout."""
+
+    @parameterized.named_parameters(("leader", 0), ("follower", 1))
+    def test_the_set_up_ends_at_the_cluster_timeout_with_one_line(self, index):
+        peer = socket.socket()
+        self.addCleanup(peer.close)
+        peer.bind(("127.0.0.1", 0))
+        peer.listen()
+
+        def answer_once_then_leave():
+            connection, _ = peer.accept()
+            connection.send(b"up\n")
+            connection.close()
+            peer.close()
+
+        threading.Thread(target=answer_once_then_leave, daemon=True).start()
+        hosts = [f"127.0.0.1:{launcher.free_ports(1)[0]}"]
+        hosts.insert(1 - index, f"127.0.0.1:{peer.getsockname()[1]}")
+        start = time.monotonic()
+        job = subprocess.run(
+            [sys.executable, TRAIN, "--dataset=digits", "--epochs=1", "--strategy=multi_worker",
+             f"--worker_hosts={','.join(hosts)}", f"--task_index={index}",
+             "--cluster_timeout=10"], capture_output=True, text=True, timeout=180)
+        self.assertEqual(job.returncode, 69, job.stderr[-2000:])
+        self.assertLess(time.monotonic() - start, 90)
+        self.assertIn("Error: A peer went away while TensorFlow connected the cluster: not every "
+                      "task registered within 10 s.", job.stderr)
+        self.assertNotIn("Traceback", job.stderr)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,24 @@
-"""How long a multi-worker job waits for a worker that stopped answering.
+"""How long a multi-worker job waits for a worker that stopped answering, or that never
+registered while the strategy was being built.
 
 ``MultiWorkerMirroredStrategy`` configures TensorFlow's coordination service itself when it is
 built, unless one is configured already; the service declares a worker that sent no heartbeat
 for its *heartbeat timeout* unhealthy and aborts the job's collectives (TensorFlow's default,
-when none is given: 10 s; measured 11 s from ``kill -STOP`` of a worker to the survivors'
-error). No public API sets that timeout: ``tensorflow.python.eager.context``'s
+when none is given: 10 s). And while the strategy is built, each task registers with the
+service's leader: with TensorFlow's defaults a task whose peer died at that moment waits an
+hour (the leader's own task waits for ever), inside one C++ call that holds Python's
+interpreter, so no signal handler, thread or timer of the program runs. Registering as a
+barrier with a timeout (``cluster_register_with_barrier``, ``cluster_register_timeout_in_ms``)
+makes every task of that set-up end with ``DeadlineExceededError`` instead.
+
+No public API sets these: ``tensorflow.python.eager.context``'s
 ``configure_coordination_service`` does, with the same arguments the strategy would give it
-(``collective_all_reduce_strategy.py``, TensorFlow 2.16-2.21) plus the timeout. Used only on
-the TensorFlow versions of :data:`VERIFIED_TENSORFLOW`, imported behind that gate; elsewhere
-asking for a timeout raises one line. ``tests/multiworker/launcher_test.py`` stops a worker
-and measures the job ending well before TensorFlow's default would end it.
+(``collective_all_reduce_strategy.py``, TensorFlow 2.16-2.21) plus the timeouts; the barrier
+field is set on the configuration it stores. Used only on the TensorFlow versions of
+:data:`VERIFIED_TENSORFLOW`, imported behind that gate; elsewhere a heartbeat timeout raises one
+line and the set-up keeps TensorFlow's own waits. ``tests/multiworker/launcher_test.py`` stops a
+worker and measures the job ending well before TensorFlow's default would end it;
+``tests/end_to_end/reliability_test.py`` has a peer die during the set-up.
 """
 
 from __future__ import annotations
@@ -38,29 +47,35 @@ def check_heartbeat_timeout(seconds: float | None) -> None:
                           f"{{argument}}={seconds!r}.", argument="heartbeat_timeout")
 
 
-def configure_heartbeat_timeout(cluster_spec, seconds: float | None) -> None:
-    """Configures the coordination service the strategy will use, with ``seconds`` as its
-    heartbeat timeout; call it before building the strategy. ``None``: TensorFlow's default.
+def configure(cluster_spec, task_type: str, heartbeat_timeout: float | None,
+              register_timeout: float) -> None:
+    """Configures the coordination service the strategy will use; call it before building the
+    strategy.
 
     Args:
         cluster_spec: The job's ``tf.train.ClusterSpec``.
-        seconds: The heartbeat timeout.
+        task_type: This task's job (only ``chief`` and ``worker`` tasks are coordinated).
+        heartbeat_timeout: Seconds without a heartbeat before a worker counts as lost;
+            ``None``: TensorFlow's default.
+        register_timeout: Seconds within which every task must register while the strategy is
+            built, or each fails with ``tf.errors.DeadlineExceededError``.
 
     Raises:
-        ConfigError: For a bad value, or a timeout on a TensorFlow outside the verified range.
+        ConfigError: For a bad heartbeat timeout, or one on a TensorFlow outside the verified
+            range.
     """
-    check_heartbeat_timeout(seconds)
-    if seconds is None:
-        return
+    check_heartbeat_timeout(heartbeat_timeout)
     import tensorflow as tf
 
     if not versions.tensorflow_verified(tf.__version__):
+        if heartbeat_timeout is None:
+            return  # TensorFlow's own configuration, and its own waits.
         raise ConfigError(
             f"{{argument}} is set through TensorFlow internals verified on TensorFlow "
             f"{versions.tensorflow_range_text()}; this is {tf.__version__}. Leave it unset "
             "(TensorFlow's default, 10 s).", argument="heartbeat_timeout")
     context = importlib.import_module("tensorflow.python.eager.context").context()
-    if context.coordination_service is not None:
+    if context.coordination_service is not None or task_type not in COORDINATED_JOBS:
         return  # Configured already (a second strategy in this process): TensorFlow's rule.
     config_pb2 = importlib.import_module("tensorflow.compiler.xla.tsl.protobuf."
                                          "coordination_config_pb2")
@@ -71,4 +86,8 @@ def configure_heartbeat_timeout(cluster_spec, seconds: float | None) -> None:
         coordinated_jobs=[config_pb2.CoordinatedJob(name=job,
                                                     num_tasks=cluster_spec.num_tasks(job))
                           for job in jobs],
-        heartbeat_timeout_in_ms=int(seconds * 1000))
+        heartbeat_timeout_in_ms=0 if heartbeat_timeout is None else int(heartbeat_timeout * 1000),
+        cluster_register_timeout_in_ms=max(1, int(register_timeout * 1000)))
+    configured = context.coordination_service
+    assert configured is not None
+    configured.cluster_register_with_barrier = True

@@ -349,6 +349,8 @@ def connect(make: Callable[[], tf.distribute.Strategy],
     Around TensorFlow's constructor it:
 
     - waits for the peers first with :func:`wait_for_peers` (messages, timeout, signals);
+    - turns TensorFlow's end of a set-up that a peer left (every task must register within
+      ``timeout``; see ``tfpar.compat.coordination``) into :class:`PeerUnreachableError`;
     - warns once when the workers are reachable from the network: TensorFlow's gRPC server
       listens on every interface, unauthenticated (the launcher's private network avoids it);
     - gives SIGTERM back to the program: TensorFlow's coordination service installs a C++
@@ -366,7 +368,8 @@ def connect(make: Callable[[], tf.distribute.Strategy],
 
     Raises:
         PortTakenError: If this worker's port is in use by another program.
-        PeerUnreachableError: If the peers do not come up within ``timeout``.
+        PeerUnreachableError: If the peers do not come up within ``timeout``, or one goes away
+            before every task registered.
     """
     if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
         if os.environ.get(PRIVATE_NETWORK_ENV) != "1":
@@ -384,6 +387,11 @@ def connect(make: Callable[[], tf.distribute.Strategy],
     previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     try:
         strategy = make()
+    except tf.errors.DeadlineExceededError:
+        raise PeerUnreachableError(
+            f"A peer went away while TensorFlow connected the cluster: not every task "
+            f"registered within {timeout:g} s. Restart every task of the job (tfpar's launcher "
+            "does with --max_restarts), or wait longer with a larger cluster_timeout.") from None
     except tf.errors.UnknownError as e:
         if "Could not start gRPC server" in str(e):
             raise PortTakenError("This worker's TensorFlow server could not bind its port: it "

@@ -132,8 +132,8 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     communication = tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=bytes_per_pack, implementation=kind)
     if resolver is not None and resolver.cluster_spec().jobs:
-        coordination.configure_heartbeat_timeout(resolver.cluster_spec(),
-                                                 options.heartbeat_timeout)
+        coordination.configure(resolver.cluster_spec(), resolver.task_type,
+                               options.heartbeat_timeout, options.cluster_timeout)
     return cluster_lib.connect(
         lambda: strategy_class(cluster_resolver=resolver, communication_options=communication,
                                **extra),

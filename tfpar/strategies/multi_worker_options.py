@@ -28,7 +28,8 @@ class MultiWorkerOptions:
         worker_hosts: host:port of every worker (cluster 'flags').
         task_index: This worker's index in worker_hosts.
         cluster_timeout: Seconds a worker waits for its peers to come up (it says which it is
-            waiting for every few seconds) before giving up.
+            waiting for every few seconds) before giving up; once they are up, also the bound
+            on TensorFlow's connection of the cluster (a peer that dies then ends it).
         heartbeat_timeout: Seconds without a heartbeat after which a worker counts as lost
             and the job stops with one line naming it (unset: TensorFlow's default, 10 s).
     """
