@@ -81,6 +81,14 @@ class PeerLostError(ClusterError):
     exit_status = 69  # EX_UNAVAILABLE: the job can be resumed once every worker runs again.
 
 
+class StateNotSavedError(TfparError):
+    """The training state of an epoch could not be written (a full disk, a quota, a folder
+    that became read-only); the previously saved epoch is intact and is where a rerun
+    resumes."""
+
+    exit_status = 74  # EX_IOERR: the job can be resumed once the folder takes writes again.
+
+
 class NonFiniteLossError(TfparError):
     """Training stopped because the loss became NaN or infinite.
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 from tfpar import testing
 from tfpar.callbacks import checkpointing
 from tfpar.errors import ConfigError
+from tfpar.errors import StateNotSavedError
 
 
 class EpochCheckpointTest(testing.StrategyTestCase):
@@ -26,6 +27,37 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         # The last finite epoch stays the resume point.
         self.assertEqual(tf.train.latest_checkpoint(directory), finite)
         self.assertEqual(checkpoint.restore(), 1)
+
+    def test_a_save_that_fails_leaves_the_last_epoch_and_no_partial_folder(self):
+        directory = self.get_temp_dir()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
+        checkpoint.set_model(model)
+        checkpoint.on_epoch_end(0, {"loss": 1.5})
+        saved = tf.train.latest_checkpoint(directory)
+        manager_save = checkpoint._manager.save
+
+        def full_disk(checkpoint_number):  # What SaveV2 does when the disk fills mid-write.
+            os.makedirs(os.path.join(directory, f"ckpt-{checkpoint_number}_temp"))
+            raise tf.errors.ResourceExhaustedError(
+                None, None, f"{directory}/ckpt-2_temp/part-0.data.tempstate1; No space left on "
+                "device [Op:SaveV2]")
+
+        checkpoint._manager.save = full_disk
+        with self.assertRaises(StateNotSavedError) as raised:
+            checkpoint.on_epoch_end(1, {"loss": 1.2})
+        self.assertEqual(str(raised.exception),
+                         f"Could not save the training state of epoch 2 in {directory} (No space "
+                         "left on device); the state of epoch 1 is intact. Free space there (or "
+                         "make it writable) and run again to resume.")
+        self.assertEqual(raised.exception.exit_status, 74)
+        self.assertEqual([n for n in os.listdir(directory) if n.endswith("_temp")], [])
+        self.assertEqual(tf.train.latest_checkpoint(directory), saved)
+        checkpoint._manager.save = manager_save
+        self.assertEqual(checkpoint.restore(), 1)
+        self.assertEqual(checkpoint.history["loss"], [1.5])
 
     def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
         model_dir = self.get_temp_dir()

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar.errors import ConfigError
+from tfpar.errors import StateNotSavedError
 from tfpar.multiworker import cluster
 
 
@@ -133,15 +135,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
         return epochs
 
-    def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            # A diverged epoch is never saved: the last finite epoch stays the resume point.
-            logging.warning("Not saving epoch %d: its loss is %s.", epoch + 1, loss)
-            return
-        for name, value in (logs or {}).items():
-            with contextlib.suppress(TypeError, ValueError):
-                self.history.setdefault(name, []).append(float(value))
+    def _save(self, epoch: int) -> str:
+        """Writes the history (chief) and the checkpoint of ``epoch``; returns its path."""
         if self._chief:
             os.makedirs(self.directory, exist_ok=True)
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
@@ -151,6 +146,37 @@ class EpochCheckpoint(keras.callbacks.Callback):
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
                                  self.made_with)
             self._made_with_written = True
+        return path
+
+    def _remove_partial_saves(self) -> None:
+        """Removes what a failed save left: TensorFlow's ``<prefix>_temp`` folders."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self._write_dir):
+                if name.endswith("_temp"):
+                    shutil.rmtree(os.path.join(self._write_dir, name), ignore_errors=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            # A diverged epoch is never saved: the last finite epoch stays the resume point.
+            logging.warning("Not saving epoch %d: its loss is %s.", epoch + 1, loss)
+            return
+        for name, value in (logs or {}).items():
+            with contextlib.suppress(TypeError, ValueError):
+                self.history.setdefault(name, []).append(float(value))
+        try:
+            path = self._save(epoch)
+        except (OSError, tf.errors.OpError) as e:
+            self._remove_partial_saves()
+            reason = e.strerror if isinstance(e, OSError) else re.sub(
+                r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
+            last = self._manager.latest_checkpoint
+            resume = (f"the state of epoch {last.rsplit('-', 1)[-1]} is intact"
+                      if last else "no epoch was saved before")
+            raise StateNotSavedError(
+                f"Could not save the training state of epoch {epoch + 1} in {self._write_dir} "
+                f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
+                "make it writable) and run again to resume.") from None
         if self._chief:
             logging.info("Saved training state after epoch %d to %s", epoch + 1, path)
         else:
