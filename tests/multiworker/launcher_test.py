@@ -38,6 +38,15 @@ def signal_worker_after(launch: subprocess.Popen, saved_line: str,
     return seen, max(workers)
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 class LauncherTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_a_failing_worker_stops_the_others(self):
@@ -142,6 +151,26 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertFalse(os.path.exists(os.path.join(base, "state")))
         for restarted, uninterrupted in zip(*weights):
             self.assertAllEqual(uninterrupted, restarted)
+
+    def test_a_launcher_killed_outright_takes_its_workers_with_it(self):
+        launch = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2", "--",
+             sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(launch.kill)
+        for _ in range(2):
+            self.assertIn("up", launch.stdout.readline())
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(launch.pid)],
+                                                  capture_output=True, text=True).stdout.split()]
+        self.assertLen(workers, 2)
+        launch.kill()
+        launch.wait()
+        deadline = time.monotonic() + 10
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [pid for pid in workers if _running(pid)]
+        self.assertEqual(alive, [])
 
     def test_a_worker_stopped_by_its_own_signal_is_restarted(self):
         # Exit 130 from a worker (SIGTERM from a scheduler, a preemption) is a failure of that

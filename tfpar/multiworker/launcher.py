@@ -3,7 +3,9 @@
 It picks free ports, gives each worker its ``TF_CONFIG``, prefixes every output line with the
 worker's rank, and supervises: if a worker fails or is killed, the others are stopped and the
 launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
-their own process groups, so nothing they start outlives the launcher.
+their own process groups, so nothing they start outlives the launcher; and a launcher that is
+killed outright (``kill -9``, the out-of-memory killer) takes its workers with it (Linux's
+parent-death signal), so a launcher run again never shares a model folder with orphans.
 
 With ``max_restarts`` it restarts the whole group after a failure, as ``torchrun
 --max-restarts`` does: the failed worker's peers are stopped and every worker starts again with
@@ -18,6 +20,7 @@ taken by another program before a worker binds it makes the launcher start over 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import json
 import os
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -267,6 +271,29 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
             t.join(timeout=5)
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _worker_set_up(namespace: private_network.Namespace | None) -> Callable[[], None]:
+    """What a worker's process does between ``fork`` and ``exec``: joins the private network
+    (if any) and asks Linux to kill it when the launcher dies."""
+    launcher_pid = os.getpid()
+    try:  # Looked up before the fork: the child only calls it.
+        prctl = ctypes.CDLL(None).prctl
+    except (AttributeError, OSError):  # Not Linux: no parent-death signal.
+        prctl = None
+
+    def set_up() -> None:
+        if namespace is not None:
+            namespace.enter()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher_pid:  # The launcher died before the request took.
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_up
+
+
 def _start_workers(command: Sequence[str], configs: Sequence[str], all_output: bool,
                    namespace: private_network.Namespace | None) -> list[subprocess.Popen]:
     """One process of ``command`` per ``TF_CONFIG``, each its own session, output piped.
@@ -283,8 +310,7 @@ def _start_workers(command: Sequence[str], configs: Sequence[str], all_output: b
             # Started before any output thread, so the fork runs preexec_fn single-threaded.
             processes.append(subprocess.Popen(
                 list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, start_new_session=True,
-                preexec_fn=namespace.enter if namespace else None))
+                text=True, start_new_session=True, preexec_fn=_worker_set_up(namespace)))
         except (OSError, subprocess.SubprocessError) as e:
             _stop(processes)
             reason = getattr(e, "strerror", None) or e
