@@ -37,17 +37,48 @@ class RegisterTest(testing.StrategyTestCase):
             warnings.simplefilter("error", DeprecationWarning)
             strategy = strategies.get("mine", 2, scale=3)
         self.assertEqual(strategy.num_replicas_in_sync, 2)
-        self.assertEqual(strategy.tfpar.options, {"scale": 3})
+        self.assertEqual(strategies.selection(strategy).options, {"scale": 3})
+        with self.assertWarnsRegex(DeprecationWarning, r"strategy\.tfpar is deprecated .* use "
+                                   r"tfpar\.strategies\.selection\(strategy\)"):
+            self.assertEqual(strategy.tfpar.options, {"scale": 3})
         self.assertTrue(callable(mine))
 
-    def test_a_foreign_strategy_of_several_replicas_is_deprecated(self):
+    def test_a_choice_is_resolved_once_and_builds_what_get_builds(self):
+        choice = strategies.choose("allreduce", accumulation_steps=2)
+        self.assertEqual((choice.name, choice.micro_batches, choice.multi_process),
+                         ("allreduce", 2, False))
+        self.assertEqual(choice.options["algorithm"], "collective")  # The default filled in.
+        with self.assertRaises(TypeError):
+            choice.options["algorithm"] = "ring"  # A value: read-only.
+        self.assertEqual(choice.with_options(algorithm="ring").options["algorithm"], "ring")
+        with self.assertRaisesRegex(RegistryError, r"Strategy 'allreduce' has no option\(s\) "
+                                                   r"colour\. Its options: algorithm, "):
+            choice.with_options(colour="red")
+        strategy = choice.build(2)
+        self.assertEqual(strategy.num_replicas_in_sync, 2)
+        self.assertEqual(strategies.selection(strategy).options, dict(choice.options))
+
+    def test_tensorflows_default_strategy_is_left_untouched(self):
+        default = tf.distribute.get_strategy()
+        before = dict(vars(default))
+        strategy = strategies.get("default")
+        self.assertIs(strategy, default)
+        self.assertEqual(dict(vars(tf.distribute.get_strategy())), before)
+        self.assertFalse(hasattr(default, "tfpar"))
+        self.assertEqual(strategies.selection(strategy).name, "default")
+
+    def test_a_foreign_strategy_is_returned_as_it_is(self):
+        # Keras's fixes come with tfpar's strategy classes (TfparStrategy), not with the
+        # registry: a factory's plain MirroredStrategy gets none.
         strategies.register("mine", lambda devices: tf.distribute.MirroredStrategy(
             devices.tf_names))
         keras_fixes.uninstall()
-        with self.assertWarnsRegex(DeprecationWarning, r"MirroredStrategy that does not derive "
-                                   r"from tfpar\.strategies\.base\.TfparStrategy.*until 0\.3\.0"):
-            strategies.get("mine", 2)
-        self.assertEqual(keras_fixes.installed(), not keras_fixes.skip_reason())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            strategy = strategies.get("mine", 2)
+        self.assertIs(type(strategy), tf.distribute.MirroredStrategy)
+        self.assertFalse(keras_fixes.installed())
+        self.assertEqual(strategies.selection(strategy).name, "mine")
 
     def test_duplicate_name_raises_unless_override(self):
         strategies.register("mine", lambda devices: tf.distribute.get_strategy())

@@ -103,15 +103,5 @@ class DevicesTest(testing.StrategyTestCase):
         self.assertEqual(strategy_name, "mirrored")
 
 
-class DeprecatedArgumentsTest(testing.StrategyTestCase):
-
-    def test_strategy_name_still_works_with_a_deprecation_warning(self):
-        with self.assertWarnsRegex(DeprecationWarning, r"strategy_name=\.\.\.\) is deprecated .* "
-                                                       r"tfpar\.strategies\.get"):
-            self.assertMatchesSingleDevice(testing.tiny_model, testing.tiny_dataset(8),
-                                           self.strategy("mirrored", 2),
-                                           strategy_name="mirrored")
-
-
 if __name__ == "__main__":
     tf.test.main()

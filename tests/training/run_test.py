@@ -4,6 +4,7 @@ import dataclasses
 import glob
 import math
 import os
+from unittest import mock
 
 import keras
 import tensorflow as tf
@@ -13,6 +14,7 @@ from tfpar import data
 from tfpar import testing
 from tfpar import training
 from tfpar.errors import ConfigError
+from tfpar.strategies import registry
 
 
 def splits():
@@ -99,6 +101,16 @@ class OptionsTest(testing.StrategyTestCase):
         training.train_on_devices(
             dataclasses.replace(CONFIG, profile_steps=(1, 1), profile_dir=folder), 1, splits())
         self.assertNotEmpty(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+
+    def test_the_strategy_is_resolved_once_when_the_config_is_made(self):
+        config = dataclasses.replace(CONFIG, strategy="allreduce",
+                                     strategy_options={"accumulation_steps": 2})
+        self.assertEqual(config.choice.micro_batches, 2)
+        self.assertEqual(config.for_devices(2), (64, 0.05))
+        with mock.patch.object(registry, "entry", side_effect=AssertionError("looked up")):
+            result = training.train_each(config, [2])
+        self.assertEqual(result[0].strategy, "allreduce")
+        self.assertEqual(result[0].global_batch_size, 64)
 
     def test_bad_options(self):
         with self.assertRaisesRegex(ConfigError, "dtype must be one of float32, bfloat16"):

@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
 
 from absl import app
@@ -18,6 +19,9 @@ from absl import flags
 
 from tfpar.errors import ConfigError
 from tfpar.errors import TfparError
+
+if TYPE_CHECKING:
+    from tfpar.strategies import StrategyChoice
 
 INTERRUPTED = ("Interrupted. Result files are untouched or complete; with --model_dir, the "
                "state of the last finished epoch is there: run the same command to resume.")
@@ -168,13 +172,14 @@ def parse_count(flag: str, text: str, least: int = 1) -> int:
     return value
 
 
-def strategy_options(strategy: str, values: dict[str, Any],
-                     flag_names: dict[str, str] | None = None) -> dict[str, Any]:
-    """Returns the flag values that the strategy's registry entry takes as options.
+def strategy_choice(strategy: str, values: dict[str, Any],
+                    flag_names: dict[str, str] | None = None) -> StrategyChoice:
+    """Resolves ``--strategy`` and the option flags its registry entry takes into the run's
+    :class:`tfpar.strategies.StrategyChoice`.
 
     Args:
         strategy: The registry name.
-        values: Option name to flag value.
+        values: Option name to flag value (of every strategy's options).
         flag_names: Option name to flag name, where they differ.
 
     Raises:
@@ -183,14 +188,15 @@ def strategy_options(strategy: str, values: dict[str, Any],
     """
     from tfpar import strategies  # Registered plugins may import TensorFlow.
 
-    accepted = strategies.entry(strategy).options()
+    choice = strategies.choose(strategy)
+    accepted = choice.options
     flag_names = flag_names or {}
     for option in values:
         flag = flag_names.get(option, option)
         if option not in accepted and flags.FLAGS[flag].present:
             raise ConfigError(f"--{flag} does not apply to strategy {strategy!r}; its options "
                               f"are: {', '.join(accepted) or 'none'}.")
-    return {k: v for k, v in values.items() if k in accepted}
+    return choice.with_options(**{k: v for k, v in values.items() if k in accepted})
 
 
 def strategy_listing() -> str:

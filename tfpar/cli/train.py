@@ -1,4 +1,4 @@
-"""``tfpar-train`` / ``scripts/train.py``: train on each device set and report like the seeds.
+"""``tfpar-train`` / ``scripts/train.py``: train on each device set and report accuracy and speed.
 
 Example::
 
@@ -38,8 +38,8 @@ for _group in OPTION_GROUPS:
     config_flags.define(_group)
 flags.DEFINE_bool("list_strategies", False, "Print the registered strategies and exit.")
 flags.DEFINE_list("num_devices", ["1"],
-                  "Comma list of device-set sizes to train on in turn, e.g. 1,2 (the seeds' "
-                  "num_gpus=1 then 2). GPUs when there are enough, else logical CPU devices.")
+                  "Comma list of device-set sizes to train on in turn, e.g. 1,2 (one device, then "
+                  "two). GPUs when there are enough, else logical CPU devices.")
 flags.DEFINE_string("devices", None,
                     "One device set by name instead, e.g. GPU:0,GPU:1 or CPU:0,CPU:1.")
 flags.DEFINE_string("plot", None,
@@ -79,28 +79,25 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     """
     device_sets = ([FLAGS.devices] if FLAGS.devices
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
-    # Checked first without TensorFlow (the strategy options need the registry).
+    values = {}
+    for group in OPTION_GROUPS:  # Each option group checks its values on construction.
+        values.update(dataclasses.asdict(group(**config_flags.values(group))))
+    # The strategy is resolved here, once: the config carries the choice.
+    choice = common.strategy_choice(FLAGS.strategy, values, flag_names=OPTION_FLAGS)
     config = config_lib.TrainConfig(
-        **config_flags.values(config_lib.TrainConfig, exclude=_NOT_FLAGS),
+        **{**config_flags.values(config_lib.TrainConfig, exclude=_NOT_FLAGS), "strategy": choice},
         # The launcher's --all_output reaches the workers through their environment.
         chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1")
-    values = {}
-    for group in OPTION_GROUPS:
-        values.update(dataclasses.asdict(group(**config_flags.values(group))))
-    options = common.strategy_options(config.strategy, values, flag_names=OPTION_FLAGS)
-    return dataclasses.replace(config, strategy_options=options), device_sets
+    return config, device_sets
 
 
 def main(argv: list[str]) -> None:
-    """Trains on each device set, printing the seeds' line per set and a final table."""
+    """Trains on each device set, printing a summary line per set and a final table."""
     del argv  # run_main refuses positional arguments.
     if FLAGS.list_strategies:
         print(common.strategy_listing())
         return
     config, device_sets = config_from_flags()
-    from tfpar import strategies  # Imports TensorFlow.
-
-    strategies.entry(config.strategy)  # Fail on a bad name before any slow work.
     if config.sync_batchnorm and "synchronized_batchnorm" not in models.options(config.model):
         raise ConfigError(f"--sync_batchnorm needs a model with BatchNorm layers; "
                           f"--model={config.model} has none. Use --model=resnet18, or drop "

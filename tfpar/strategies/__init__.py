@@ -13,15 +13,17 @@ from tfpar import lazy_exports
 from tfpar.strategies import builtin  # noqa: F401  (registers the built-in entries)
 from tfpar.strategies.registry import ENTRY_POINT_GROUP
 from tfpar.strategies.registry import Selection
+from tfpar.strategies.registry import StrategyChoice
 from tfpar.strategies.registry import StrategyEntry
 from tfpar.strategies.registry import available
+from tfpar.strategies.registry import choose
 from tfpar.strategies.registry import entry
 from tfpar.strategies.registry import get
 from tfpar.strategies.registry import register
 from tfpar.strategies.registry import selection
 from tfpar.strategies.registry import unregister
 
-__all__ = ["ENTRY_POINT_GROUP", "Selection", "StrategyEntry", "available", "entry", "get",
-           "register", "selection", "unregister"]
+__all__ = ["ENTRY_POINT_GROUP", "Selection", "StrategyChoice", "StrategyEntry", "available",
+           "choose", "entry", "get", "register", "selection", "unregister"]
 
 lazy_exports.install(__name__)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -66,6 +67,16 @@ class TfparStrategy(_StrategyBase):
         if self.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
             keras_fixes.install()
 
+    @property
+    def tfpar(self) -> Any:
+        """Deprecated since 0.3.0, removed in 0.4.0: use
+        ``tfpar.strategies.selection(strategy)``."""
+        warnings.warn("strategy.tfpar is deprecated and will be removed in 0.4.0; use "
+                      "tfpar.strategies.selection(strategy).", DeprecationWarning, stacklevel=2)
+        from tfpar.strategies import registry
+
+        return registry.selection(self)
+
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The step hook: a function to run in place of ``step``, or ``None`` for ``step``.
 
@@ -85,7 +96,7 @@ class TfparStrategy(_StrategyBase):
 
         A replaced step's logs are returned as the first local replica's plain tensors, and
         :meth:`is_global_value` says so: Keras then logs them as they are instead of averaging
-        every scalar across the replicas (across workers, a collective of 1-2 ms per step).
+        every scalar across the replicas (across workers, one collective more per step).
         """
         step = KerasStep.of(fn)
         replacement = None if step is None else self.replacement_step(step)
@@ -112,8 +123,8 @@ class TfparStrategy(_StrategyBase):
         With one replica on the host's CPU there is nothing to distribute, and the dataset
         comes back as a dataset: ``fit`` then reads it through its own iterator, as plain Keras
         does, rather than through TensorFlow's per-device ``MultiDeviceIterator``, whose get-next
-        sits inside every compiled step (LeNet's step, 60 paired blocks: 0.99-1.00 of plain
-        Keras's speed through it, 1.01 read directly). On a GPU, or with ``options``, the input
+        sits inside every compiled step (slower for short steps; the benchmarks page has the
+        figures). On a GPU, or with ``options``, the input
         path is TensorFlow's (which prefetches onto the device).
         """
         if options is None and self._is_one_host_replica():

@@ -9,9 +9,10 @@ how many devices it takes. Every entry trains with plain ``model.fit``; the ``al
 entries make ``fit`` run tfpar's hand-written step (:mod:`tfpar.allreduce`). The built-in
 entries are in :mod:`tfpar.strategies.builtin`.
 
-:func:`get` returns the strategy with what it was made from attached: ``strategy.tfpar`` is a
-:class:`Selection` (the entry, its options, the device set), so nothing downstream looks the
-entry up by name again or passes options beside the strategy. Users add entries with
+:func:`choose` resolves a name and options once into a :class:`StrategyChoice`, the value a
+run passes around (``TrainConfig`` holds one); its ``build(devices)`` makes the strategy, and
+:func:`get` does both. What a built strategy was made from is kept in the registry, never on
+the TensorFlow object: :func:`selection` returns it. Users add entries with
 :func:`register` (also a decorator); other packages add them through the ``tfpar.strategies``
 entry-point group, whose entries load a :class:`StrategyEntry` or a factory (registered under
 the entry point's name, described by the first line of its docstring).
@@ -31,7 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
+import weakref
 from collections.abc import Callable
+from collections.abc import Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING
 from typing import Any
@@ -171,7 +175,7 @@ def entry(name: str) -> StrategyEntry:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """What a strategy from :func:`get` was made from; attached to it as ``strategy.tfpar``.
+    """What a strategy from :func:`get` was made from (see :func:`selection`).
 
     Attributes:
         entry: The registry entry.
@@ -189,25 +193,122 @@ class Selection:
         return self.entry.name
 
 
-def selection(strategy: tf.distribute.Strategy) -> Selection:
-    """Returns what ``strategy`` was made from (its ``tfpar`` attribute).
+# Strategy -> what it was made from; weak, so a strategy's record goes with it.
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyChoice:
+    """A registry entry and its options, checked: the user's choice of strategy as a value.
+
+    Made by :func:`choose`; ``build(devices)`` makes the strategy. Everything a run needs to
+    know about the strategy before it exists is here, so nothing looks the name up again.
+
+    Attributes:
+        entry: The registry entry.
+        options: Its options, the factory's defaults filled in (read-only).
+    """
+
+    entry: StrategyEntry
+    options: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The entry's registry name."""
+        return self.entry.name
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the strategy spans several processes (workers)."""
+        return self.entry.multi_process
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per training step: the entry's ``accumulation_steps`` option (the
+        registry's name for it), else 1."""
+        return int(self.options.get("accumulation_steps", 1))
+
+    def with_options(self, **options: Any) -> StrategyChoice:
+        """Returns this choice with ``options`` changed.
+
+        Raises:
+            RegistryError: If the entry has no such option.
+        """
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise RegistryError(f"Strategy {self.name!r} has no option(s) {', '.join(unknown)}. "
+                                f"Its options: {', '.join(self.options) or 'none'}.")
+        return dataclasses.replace(self, options=types.MappingProxyType({**self.options,
+                                                                         **options}))
+
+    def build(self, devices: devices_lib.DeviceSpec = 1) -> tf.distribute.Strategy:
+        """Returns the strategy: the entry's factory over ``devices`` with the options.
+
+        Args:
+            devices: A device set, a count or device names (see
+                :func:`tfpar.devices.resolve`).
+
+        Raises:
+            RegistryError: If the entry takes fewer devices.
+            DeviceError: If the device set cannot be provided.
+            TfparError: If the entry rejects an option's value.
+            TypeError: If the factory does not return a strategy.
+        """
+        import tensorflow as tf  # Imported here: choosing an entry does not need it.
+
+        from tfpar import devices as devices_lib
+
+        device_set = devices_lib.resolve(devices)
+        if self.entry.max_devices is not None and len(device_set) > self.entry.max_devices:
+            raise RegistryError(f"Strategy {self.name!r} runs on at most "
+                                f"{self.entry.max_devices} device(s). Received: {device_set}. "
+                                "Use 'mirrored' or 'allreduce' for more.")
+        strategy = self.entry.factory(device_set, **self.options)
+        if not isinstance(strategy, tf.distribute.Strategy):
+            raise TypeError(f"The factory of strategy {self.name!r} returned {strategy!r}, not "
+                            "a tf.distribute.Strategy.")
+        _MADE[strategy] = Selection(self.entry, dict(self.options), device_set)
+        return strategy
+
+
+def choose(name: str, **options: Any) -> StrategyChoice:
+    """Resolves a strategy name and its options into a :class:`StrategyChoice`.
+
+    Args:
+        name: A registered strategy name (see :func:`available`).
+        **options: Options of that entry (see ``entry(name).options()``).
+
+    Returns:
+        The choice, its options completed with the entry's defaults.
 
     Raises:
-        RegistryError: If ``strategy`` did not come from :func:`get`.
+        RegistryError: If the name or an option is unknown.
     """
-    chosen = getattr(strategy, "tfpar", None)
-    if not isinstance(chosen, Selection):
-        raise RegistryError("This strategy did not come from tfpar.strategies.get, so tfpar does "
-                            "not know its registry entry. Obtain it with "
-                            f"tfpar.strategies.get(name, devices). Received: {strategy!r}.")
-    return chosen
+    chosen = entry(name)
+    return StrategyChoice(chosen, types.MappingProxyType(chosen.options())).with_options(
+        **options)
+
+
+def selection(strategy: tf.distribute.Strategy) -> Selection:
+    """Returns what ``strategy`` was made from.
+
+    Raises:
+        RegistryError: If ``strategy`` did not come from :func:`get` or
+            :meth:`StrategyChoice.build`.
+    """
+    try:
+        return _MADE[strategy]
+    except (KeyError, TypeError):
+        raise RegistryError("This strategy did not come from tfpar.strategies.get, so tfpar "
+                            "does not know its registry entry. Obtain it with "
+                            f"tfpar.strategies.get(name, devices). Received: {strategy!r}."
+                            ) from None
 
 
 def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
         ) -> tf.distribute.Strategy:
-    """Returns a ready strategy: the named entry built over ``devices``.
-
-    The strategy carries what it was made from: ``strategy.tfpar`` is a :class:`Selection`.
+    """Returns a ready strategy: the named entry built over ``devices``
+    (``choose(name, **options).build(devices)``).
 
     Args:
         name: A registered strategy name (see :func:`available`).
@@ -215,7 +316,7 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
         **options: Options of that entry (see ``entry(name).options()``).
 
     Returns:
-        The ``tf.distribute.Strategy``.
+        The ``tf.distribute.Strategy``; :func:`selection` tells what it was made from.
 
     Raises:
         RegistryError: If the name or an option is unknown.
@@ -223,44 +324,4 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
         TfparError: If the entry rejects an option's value.
         TypeError: If the factory does not return a strategy.
     """
-    import tensorflow as tf  # Imported here: listing and checking entries does not need it.
-
-    from tfpar import devices as devices_lib
-
-    chosen = entry(name)
-    allowed = chosen.options()
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise RegistryError(f"Strategy {name!r} has no option(s) {', '.join(unknown)}. Its "
-                            f"options: {', '.join(allowed) or 'none'}.")
-    device_set = devices_lib.resolve(devices)
-    if chosen.max_devices is not None and len(device_set) > chosen.max_devices:
-        raise RegistryError(f"Strategy {name!r} runs on at most {chosen.max_devices} device(s). "
-                            f"Received: {device_set}. Use 'mirrored' or 'allreduce' for more.")
-    strategy = chosen.factory(device_set, **options)
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"The factory of strategy {name!r} returned {strategy!r}, not a "
-                        "tf.distribute.Strategy.")
-    _fix_keras_for_foreign(name, strategy)
-    strategy.tfpar = Selection(chosen, {**allowed, **options}, device_set)
-    return strategy
-
-
-def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
-    """Deprecated: installs tfpar's Keras fixes for a factory's strategy of several replicas
-    that does not derive from :class:`tfpar.strategies.base.TfparStrategy` (which installs
-    them itself when it is built). Removed in 0.3.0."""
-    import warnings
-
-    from tfpar.strategies.base import TfparStrategy
-
-    if isinstance(strategy, TfparStrategy) or strategy.num_replicas_in_sync == 1:
-        return
-    from tfpar.compat import keras_fixes
-
-    warnings.warn(
-        f"The factory of strategy {name!r} returned a {type(strategy).__name__} that does not "
-        "derive from tfpar.strategies.base.TfparStrategy; tfpar.strategies.get installs tfpar's "
-        "Keras fixes for it until 0.3.0. Derive the class from TfparStrategy (before the "
-        "tf.distribute class) to keep them.", DeprecationWarning, stacklevel=3)
-    keras_fixes.install()
+    return choose(name, **options).build(devices)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from collections.abc import Iterable
 
@@ -14,6 +13,7 @@ from absl.testing import parameterized
 from tfpar import devices
 from tfpar import strategies
 from tfpar.errors import DeviceError
+from tfpar.errors import RegistryError
 from tfpar.testing import reference_runs
 
 
@@ -121,8 +121,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
                                   *, train: reference_runs.TrainFn | None = None,
-                                  rtol: float = 1e-5, atol: float = 1e-6,
-                                  strategy_name: str | None = None) -> None:
+                                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
         ``model_fn`` is called twice: outside any strategy (the reference) and under
@@ -141,21 +140,10 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                 whose logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
             rtol: Relative tolerance.
             atol: Absolute tolerance.
-            strategy_name: Deprecated since 0.2.0, removed in 0.3.0: the registry entry is
-                read from ``strategy`` itself (``strategy.tfpar``). For a strategy not made by
-                ``tfpar.strategies.get``, the entry it names still decides whether losses are
-                compared.
         """
-        if strategy_name is not None:
-            warnings.warn("assertMatchesSingleDevice(strategy_name=...) is deprecated and will "
-                          "be removed in tfpar 0.3.0: pass the strategy from "
-                          "tfpar.strategies.get(name, ...), which carries its entry.",
-                          DeprecationWarning, stacklevel=2)
         train = train or reference_runs.fit_steps
-        chosen = getattr(strategy, "tfpar", None)
-        entry = chosen.entry if chosen else (strategies.entry(strategy_name) if strategy_name
-                                             else None)
-        compare_losses = entry is None or entry.logs_exact_loss
+        chosen = _made_from(strategy)
+        compare_losses = chosen is None or chosen.entry.logs_exact_loss
         reference = model_fn()
         initial = reference.get_weights()
         with strategy.scope():
@@ -171,3 +159,11 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(expected, actual, rtol=rtol, atol=atol,
                                 msg=f"{variable.path} differs from single-device training")
         self.assertReplicasInSync(model, rtol=rtol, atol=atol)
+
+
+def _made_from(strategy: tf.distribute.Strategy) -> strategies.Selection | None:
+    """What the registry made ``strategy`` from, or ``None`` for a strategy made elsewhere."""
+    try:
+        return strategies.selection(strategy)
+    except RegistryError:
+        return None

@@ -15,6 +15,8 @@ from tfpar import models
 from tfpar.config_fields import field
 from tfpar.data import catalog
 from tfpar.errors import ConfigError
+from tfpar.strategies import registry
+from tfpar.strategies.registry import StrategyChoice
 
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
@@ -28,7 +30,9 @@ class TrainConfig:
     its help.
 
     Attributes:
-        strategy: Registry strategy; --list_strategies prints them all.
+        strategy: Registry strategy; --list_strategies prints them all. In Python, a name or
+            a :class:`tfpar.strategies.StrategyChoice` (whose options then replace
+            ``strategy_options``); the config keeps the name, and :attr:`choice` the value.
         strategy_options: Options of that registry entry.
         model: Model to train.
         dataset: Dataset; 'digits' and 'synthetic' need no download.
@@ -38,12 +42,12 @@ class TrainConfig:
             strategy takes that option.
         lr: Learning rate.
         scale_with_devices: Multiply batch size and learning rate by the number of devices of
-            each set (the seeds: 256 and 0.1 on one GPU, 512 and 0.2 on two).
+            each set (e.g. 256 and 0.1 on one GPU become 512 and 0.2 on two).
         warmup_epochs: Raise the learning rate linearly over this many epochs: from ``lr`` to
             the scaled rate with ``scale_with_devices`` on several devices (Goyal et al.), else
             from 0 (0: no warm-up).
         optimizer: Optimizer (SGD with ``momentum``, or Adam).
-        momentum: SGD momentum (0 gives the seeds' plain SGD).
+        momentum: SGD momentum (0: plain SGD).
         epochs: Training epochs.
         seed: Seed of weights and shuffling.
         sync_batchnorm: Compute BatchNorm statistics over the global batch (ResNet-18).
@@ -68,7 +72,7 @@ class TrainConfig:
             `tensorboard --logdir=DIR`.
     """
 
-    strategy: str = "mirrored"
+    strategy: str | StrategyChoice = "mirrored"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     model: str = field("lenet", choices=models.available)
     dataset: str = field("fashion_mnist", choices=catalog.available)
@@ -96,6 +100,7 @@ class TrainConfig:
 
     def __post_init__(self):
         config_fields.check_choices(self, ConfigError)
+        self._resolve_strategy()
         received = "Received: {argument}="
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size",
                f"{{argument}} must be an integer >= 1. {received}{self.batch_size!r}.")
@@ -120,13 +125,31 @@ class TrainConfig:
                f"{{argument}} is (first, last) with 1 <= first <= last. "
                f"{received}{self.profile_steps!r}.")
 
+    def _resolve_strategy(self) -> None:
+        """Resolves ``strategy`` and ``strategy_options`` once into :attr:`choice`; the fields
+        keep the name and the options that differ from the entry's defaults."""
+        if isinstance(self.strategy, StrategyChoice):
+            choice = self.strategy  # Its options replace strategy_options.
+        else:
+            choice = registry.choose(self.strategy, **self.strategy_options)
+        defaults = choice.entry.options()
+        object.__setattr__(self, "strategy", choice.name)
+        object.__setattr__(self, "strategy_options", {
+            name: value for name, value in choice.options.items() if defaults[name] != value})
+        object.__setattr__(self, "_choice", choice)
+
+    @property
+    def choice(self) -> StrategyChoice:
+        """The strategy entry and its options, resolved once when the config was made."""
+        return self._choice  # type: ignore[attr-defined]
+
     def for_devices(self, num_devices: int) -> tuple[int, float]:
         """Returns ``(global batch size of a step, learning rate)`` for ``num_devices``.
 
         A step's batch is ``batch_size`` (times the devices with ``scale_with_devices``)
         times the strategy's ``accumulation_steps``: that many micro-batches of the former.
         """
-        micro_batches = self.strategy_options.get("accumulation_steps", 1)
+        micro_batches = self.choice.micro_batches
         if self.scale_with_devices:
             return self.batch_size * num_devices * micro_batches, self.lr * num_devices
         return self.batch_size * micro_batches, self.lr

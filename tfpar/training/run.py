@@ -1,9 +1,9 @@
-"""Training runs: one configuration trained on each of several device sets, like the seeds.
+"""Training runs: one configuration trained on each of several device sets.
 
 A :class:`TrainConfig` says what to train (model, dataset, optimizer, epochs) and how
 (a registry strategy). :func:`train_on_devices` runs it on one device set and returns a
 :class:`RunResult` with test accuracy and timing; :func:`train_each` does that for every device
-set, as the seeds' ``train(num_gpus=1)`` then ``train(num_gpus=2)``.
+set in turn (e.g. one device, then two).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from tfpar import atomic_io
 from tfpar import devices as devices_lib
 from tfpar import evaluation
 from tfpar import schedules
-from tfpar import strategies
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
@@ -104,7 +103,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         TfparError: On bad configuration, devices, strategy or dataset.
     """
     device_set = devices_lib.resolve(devices)
-    strategy = strategy or strategies.get(config.strategy, device_set, **config.strategy_options)
+    strategy = strategy or config.choice.build(device_set)
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
@@ -113,7 +112,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     splits = splits or loading.load(config.dataset, config.data_dir)
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
-                 config.model, device_set, strategies.selection(strategy).name,
+                 config.model, device_set, config.choice.name,
                  strategy.num_replicas_in_sync, batch_size, lr)
     model = _compiled_model(config, device_set, strategy, splits, steps_per_epoch, lr)
     test = pipelines.pipeline(splits.test, batch_size)
@@ -128,7 +127,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     timer = run.timer
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
-        strategy=strategies.selection(strategy).name,
+        strategy=config.choice.name,
         devices=replica_devices(strategy, device_set), model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=(history["test_accuracy"][-1] if timed
@@ -176,11 +175,11 @@ class _RunCallbacks:
         if not config.sync_batchnorm and model.non_trainable_variables:
             # Per-replica BatchNorm statistics drift apart; evaluate and save their average.
             callbacks.append(AverageAtEpochEnd(strategy))
-        # Test accuracy after every epoch, as the seeds plot it (after the statistics' average).
+        # Test accuracy after every epoch, for the per-epoch plot (after the statistics' average).
         callbacks.append(evaluation.TestAccuracy(test, strategy))
         initial_epoch, checkpoint = 0, None
         if config.model_dir:
-            checkpoint = _epoch_checkpoint(config, model, strategy)
+            checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
             initial_epoch = checkpoint.restore() if config.resume else 0
             callbacks.append(checkpoint)
         chief = cluster.is_chief(strategy)
@@ -235,8 +234,7 @@ def _chief_logs(config: TrainConfig, strategy: tf.distribute.Strategy,
     callbacks: list[keras.callbacks.Callback] = []
     profile_dir = config.profile_dir
     if config.logdir:
-        chosen = strategies.selection(strategy)
-        run_dir = run_folder(config.logdir, chosen.name, len(chosen.devices))
+        run_dir = run_folder(config.logdir, config.choice.name, len(device_set))
         callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
         with tf.summary.create_file_writer(os.path.join(run_dir, "tfpar")).as_default():
             tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
@@ -315,10 +313,9 @@ def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
     return os.path.join(root, f"{strategy_name}_{num_devices}_devices")
 
 
-def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy
-                      ) -> EpochCheckpoint:
-    chosen = strategies.selection(strategy)
-    directory = run_folder(config.model_dir or "", chosen.name, len(chosen.devices))
+def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
+                      device_set: devices_lib.DeviceSet) -> EpochCheckpoint:
+    directory = run_folder(config.model_dir or "", config.choice.name, len(device_set))
     made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                  "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
     checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
@@ -364,15 +361,14 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
         for device_set in resolved if root else ():
             # The folder of each device set's run, which fit would fail to write into later.
             atomic_io.check_writable_dir(
-                run_folder(root or "", config.strategy, len(device_set)), what)
+                run_folder(root or "", config.choice.name, len(device_set)), what)
     multi_worker_strategy = None
-    if strategies.entry(config.strategy).multi_process:
+    if config.choice.multi_process:
         # Collective ops across processes must be set up before TensorFlow runs any op.
         if len(resolved) != 1:
             raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
                               f"(its workers' local devices). Received: {len(resolved)} sets.")
-        multi_worker_strategy = strategies.get(config.strategy, resolved[0],
-                                               **config.strategy_options)
+        multi_worker_strategy = config.choice.build(resolved[0])
     splits = loading.load(config.dataset, config.data_dir)
     results = []
     for device_set in resolved:
