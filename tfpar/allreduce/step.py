@@ -1,4 +1,4 @@
-"""The hand-written data-parallel step (the seeds' from-scratch chapter), run by ``model.fit``.
+"""The hand-written data-parallel step, run by ``model.fit``.
 
 A model built and compiled in the scope of an all-reduce strategy (:mod:`.strategy`) trains
 with plain ``model.fit``, and every step is :func:`train_step`::
@@ -20,8 +20,8 @@ are divided by the all-reduced global count. So uneven
 shards (a last partial batch, a batch that does not divide by the number of replicas, an empty
 shard) weigh every example equally, unlike Keras's standard step, which averages the
 replicas' means. Clipping applies to the reduced gradient, as on one device. A step is one
-collective per bucket and nothing else (across workers each costs 1-2 ms of
-latency however small), except with fp16 compression, whose range needs the gradients divided
+collective per bucket and nothing else (across workers each costs a round trip
+however small), except with fp16 compression, whose range needs the gradients divided
 by the global count *before* the cast: the count is then all-reduced first, on its own.
 
 The optimizer must not reduce a second time: Keras 3's TensorFlow optimizer all-reduces
@@ -55,6 +55,7 @@ from keras import tree
 from tfpar.allreduce import algorithms
 from tfpar.allreduce.options import StepOptions
 from tfpar.compat import keras_internals
+from tfpar.compat import optimizer_apply
 from tfpar.errors import ConfigError
 
 # The dtypes gradients may travel in (``StepOptions.gradient_compression``).
@@ -81,21 +82,6 @@ def split_sizes(batch_size: tf.Tensor, weights: Sequence[float]) -> tf.Tensor:
     return sizes + bonus
 
 
-def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer.inner_optimizer
-    return optimizer
-
-
-# What Keras's Optimizer.apply does around update_step, by the method that does it: a class
-# that overrides one of them changes the update in a way this step would silently skip.
-_APPLY_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients", "_backend_update_step",
-                  "_apply_weight_decay", "_clip_gradients",
-                  "_update_model_variables_moving_average",
-                  "_overwrite_model_variables_with_average_value",
-                  "_backend_increment_gradient_accumulators")
-
-
 def check_optimizer(optimizer: keras.optimizers.Optimizer | None,
                     variables: Sequence[Any] = ()) -> None:
     """Raises for an optimizer whose update the step cannot reproduce exactly.
@@ -116,10 +102,8 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer | None,
     if optimizer is None:
         raise ConfigError("Compile the model with an optimizer and a loss before training it, "
                           "e.g. model.compile(optimizer='sgd', loss=...).")
-    inner = _inner(optimizer)
-    overridden = [name for name in _APPLY_METHODS
-                  if getattr(type(inner), name, None) is not getattr(keras.optimizers.Optimizer,
-                                                                     name, None)]
+    inner = optimizer_apply.inner_optimizer(optimizer)
+    overridden = optimizer_apply.overridden_methods(inner)
     if overridden:
         raise ConfigError(
             f"The all-reduce step cannot train with {type(inner).__name__}: it changes what "
@@ -132,18 +116,6 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer | None,
             "The all-reduce step cannot train variables that are overwritten with their "
             f"gradient (overwrite_with_gradient, float8 training): {', '.join(overwritten)}. "
             "Use the 'mirrored' strategy.")
-
-
-def _clip(optimizer: keras.optimizers.Optimizer, grads: list) -> list:
-    # Keras's precedence (Optimizer._clip_gradients): clipnorm, then global_clipnorm, then
-    # clipvalue; only one applies.
-    if optimizer.clipnorm and optimizer.clipnorm > 0:
-        return [tf.clip_by_norm(g, optimizer.clipnorm) for g in grads]
-    if optimizer.global_clipnorm and optimizer.global_clipnorm > 0:
-        return tf.clip_by_global_norm(grads, optimizer.global_clipnorm)[0]
-    if optimizer.clipvalue and optimizer.clipvalue > 0:
-        return [tf.clip_by_value(g, -optimizer.clipvalue, optimizer.clipvalue) for g in grads]
-    return grads
 
 
 def _accepts_training(method) -> bool:
@@ -245,7 +217,7 @@ class _ReplicaStep:
             model.optimizer, keras.optimizers.LossScaleOptimizer) else None)
         # A fixed loss scale (the optimizer's loss_scale_factor) is applied as Keras's step
         # does: to the loss before the backward pass, and divided out of the gradient.
-        self.loss_scale_factor = _inner(model.optimizer).loss_scale_factor
+        self.loss_scale_factor = optimizer_apply.inner_optimizer(model.optimizer).loss_scale_factor
         self.variables = model.trainable_variables
         self.present: list[int] = []
         self._metric_states: list[list] = []  # Read after the forward passes updated them.
@@ -360,136 +332,4 @@ def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
            finite: tf.Tensor) -> None:
     """Updates every replica's copy of ``variables`` with its copy of the reduced gradients,
     as Keras's ``Optimizer.apply`` would on one device (see the module docstring)."""
-    _OptimizerUpdate(optimizer, variables, grads, finite).merge()
-
-
-class _OptimizerUpdate:
-    """What Keras's ``Optimizer.apply`` does around ``update_step``, in its order, applied to
-    every replica's copy of every variable.
-
-    Built in the replica context: everything that needs all gradients at once (the accumulated
-    mean, global clipping) or a scalar of the optimizer's is computed there, so every replica
-    reads its local copies (read in the cross-replica context, every device would wait for the
-    first device's copy: measured, half the throughput of ResNet-18 on 2 devices). Those
-    per-replica values reach the cross-replica update through ``merge_call``'s arguments.
-    """
-
-    def __init__(self, optimizer: keras.optimizers.Optimizer, variables: list, grads: list,
-                 finite: tf.Tensor):
-        inner = self.inner = _inner(optimizer)
-        self.loss_scale = optimizer if inner is not optimizer else None
-        self.variables = variables
-        self.steps = inner.gradient_accumulation_steps
-        self.counter = keras_internals.iterations_variable(inner)
-        self.accumulators: list = []
-        if self.steps:
-            self.accumulators = keras_internals.gradient_accumulators(inner, variables)
-            update_grads = _clip(inner, [(g + a.value) / self.steps
-                                         for g, a in zip(grads, self.accumulators)])
-            is_update_step = tf.equal((self.counter.value + 1) % self.steps, 0)
-        else:
-            update_grads, is_update_step = _clip(inner, grads), tf.constant(True)
-        self.ema: list = []
-        momentum = overwrite = None
-        if inner.use_ema:
-            self.ema = keras_internals.moving_averages(inner)
-            iterations = tf.identity(inner.iterations)  # Keras's count: of updates.
-            momentum = tf.cast(tf.not_equal(iterations, 0), tf.float32) * inner.ema_momentum
-            if inner.ema_overwrite_frequency:
-                overwrite = tf.equal((iterations + 1) % inner.ema_overwrite_frequency, 0)
-        self.decayed = ([keras_internals.uses_weight_decay(inner, v) for v in variables]
-                        if inner.weight_decay is not None else [False] * len(variables))
-        self._per_replica = dict(grads=grads, update_grads=update_grads,
-                                 learning_rate=tf.identity(inner.learning_rate), finite=finite,
-                                 is_update_step=is_update_step, momentum=momentum,
-                                 overwrite=overwrite)
-
-    def merge(self) -> None:
-        """Leaves the replica context and applies the update on every replica's copies."""
-        tf.distribute.get_replica_context().merge_call(self._apply, kwargs=self._per_replica)
-
-    def _apply(self, strategy, grads, update_grads, learning_rate, finite, is_update_step,
-               momentum, overwrite) -> None:
-        # Cross-replica context: each replica's copy of each variable is updated with that
-        # replica's copy of the (already reduced) values, and nothing is reduced again.
-        def on_each(variable, fn, *args):
-            strategy.extended.update(_tf_variable(variable), fn, args=args, group=False)
-
-        def first(value):
-            return strategy.experimental_local_results(value)[0]
-
-        def update_variables():
-            for variable, decay in zip(self.variables, self.decayed):
-                if decay:
-                    on_each(variable, _decay, learning_rate, self.inner.weight_decay)
-            for grad, variable in zip(update_grads, self.variables):
-                on_each(variable, lambda v, g, lr: self.inner.update_step(g, v, lr), grad,
-                        learning_rate)
-            for accumulator in self.accumulators:
-                on_each(accumulator, lambda a: a.assign(tf.zeros_like(a)))
-            return tf.constant(True)
-
-        def accumulate():
-            for grad, accumulator in zip(grads, self.accumulators):
-                on_each(accumulator, lambda a, g: a.assign_add(tf.cast(g, a.dtype)), grad)
-            return tf.constant(True)
-
-        def apply_all():
-            if self.steps:
-                tf.cond(first(is_update_step), update_variables, accumulate)
-            else:
-                update_variables()
-            for variable, average in self.ema:
-                on_each(average, _moving_average, _tf_variable(variable), momentum)
-            if overwrite is not None:
-                tf.cond(first(overwrite), lambda: _overwrite_with(on_each, self.ema),
-                        lambda: tf.constant(True))
-            for variable in self.variables:
-                if variable.constraint is not None:
-                    on_each(variable, lambda v, c=variable.constraint: v.assign(c(v)))
-            self.counter.assign_add(1)
-            return tf.constant(True)
-
-        if self.loss_scale is None:
-            apply_all()
-            return
-        # Dynamic loss scaling, as LossScaleOptimizer does: skip a step whose gradients
-        # overflowed and halve the scale; double it after enough finite steps.
-        tf.cond(first(finite),
-                lambda: tf.logical_and(apply_all(), _grow_scale(self.loss_scale)),
-                lambda: _shrink_scale(self.loss_scale))
-
-
-def _tf_variable(variable):
-    """The ``tf.distribute`` variable behind a Keras variable (its per-replica copies)."""
-    return getattr(variable, "value", variable)
-
-
-def _decay(variable, learning_rate, weight_decay) -> None:
-    variable.assign_sub(variable * tf.cast(weight_decay, variable.dtype)
-                        * tf.cast(learning_rate, variable.dtype))
-
-
-def _moving_average(average, variable, momentum) -> None:
-    momentum = tf.cast(momentum, average.dtype)
-    average.assign(momentum * average + (1 - momentum) * tf.cast(variable, average.dtype))
-
-
-def _overwrite_with(on_each, ema) -> tf.Tensor:
-    for variable, average in ema:
-        on_each(variable, lambda v, a: v.assign(a), _tf_variable(average))
-    return tf.constant(True)
-
-
-def _grow_scale(scaler: keras.optimizers.LossScaleOptimizer) -> tf.Tensor:
-    grow = tf.equal(scaler.step_counter, scaler.dynamic_growth_steps - 1)
-    scaler.dynamic_scale.assign(tf.where(grow, scaler.dynamic_scale * 2.0, scaler.dynamic_scale))
-    scaler.step_counter.assign(tf.where(grow, tf.zeros_like(scaler.step_counter),
-                                        scaler.step_counter + 1))
-    return tf.constant(True)
-
-
-def _shrink_scale(scaler: keras.optimizers.LossScaleOptimizer) -> tf.Tensor:
-    scaler.step_counter.assign(tf.zeros_like(scaler.step_counter))
-    scaler.dynamic_scale.assign(scaler.dynamic_scale * 0.5)
-    return tf.constant(False)
+    optimizer_apply.OptimizerUpdate(optimizer, variables, grads, finite).merge()
