@@ -1,4 +1,4 @@
-"""Trains a model on each device set and reports test accuracy and sec/epoch like the seeds.
+"""Trains a model on each device set and reports test accuracy and sec/epoch per device set.
 
     python scripts/train.py --strategy=mirrored --model=lenet --dataset=digits --num_devices=1,2
 

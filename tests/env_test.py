@@ -18,7 +18,7 @@ QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 class EnvTest(tf.test.TestCase):
 
     def test_json_report(self):
-        result = subprocess.run([sys.executable, "-m", "tfpar.env", "--json"],
+        result = subprocess.run([sys.executable, "-m", "tfpar.cli.env", "--json"],
                                 capture_output=True, text=True, timeout=120, env=QUIET)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         info = json.loads(result.stdout)
@@ -64,7 +64,7 @@ class EnvTest(tf.test.TestCase):
 class VersionTest(tf.test.TestCase):
 
     def test_the_command_prints_no_tensorflow_start_up_lines_unless_asked(self):
-        command = [sys.executable, "-m", "tfpar.env"]
+        command = [sys.executable, "-m", "tfpar.cli.env"]
         environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
         quiet = subprocess.run(command, capture_output=True, text=True, timeout=120,
                                env=environment)

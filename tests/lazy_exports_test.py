@@ -76,32 +76,5 @@ class LazyExportsTest(tf.test.TestCase):
             tfpar.data.lod  # noqa: B018
 
 
-
-class DeprecatedAliasesTest(tf.test.TestCase):
-    """Moved modules still import, for one minor version, with a warning naming the new place."""
-
-    def test_each_alias_warns_and_gives_the_moved_object(self):
-        # One fresh process: each alias is imported there for the first time.
-        code = ("import warnings\n"
-                "with warnings.catch_warnings(record=True) as caught:\n"
-                "    warnings.simplefilter('always', DeprecationWarning)\n"
-                "    import tfpar.keras_fixes\n"
-                "    print('keras_fixes:', *[w.message for w in caught\n"
-                "                            if w.category is DeprecationWarning])\n"
-                "    del caught[:]\n"
-                "    import tfpar.allreduce, tfpar.strategies.allreduce as new\n"
-                "    moved = tfpar.allreduce.AllReduceStrategy\n"
-                "    print('AllReduceStrategy:', *[w.message for w in caught\n"
-                "                                  if w.category is DeprecationWarning])\n"
-                "print('same object:', moved is new.AllReduceStrategy)\n")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120)
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        lines = result.stdout.splitlines()
-        for line, new in zip(lines, ("tfpar.compat.keras_fixes", "tfpar.strategies.allreduce")):
-            self.assertIn(f"is deprecated and will be removed in tfpar 0.3.0: use {new}", line)
-        self.assertEqual(lines[2], "same object: True")
-
-
 if __name__ == "__main__":
     tf.test.main()

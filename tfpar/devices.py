@@ -115,8 +115,7 @@ def _layout_unless_user_set(count: int) -> thread_layouts.ThreadLayout | None:
     if tf.config.threading.get_intra_op_parallelism_threads() == 0 and user_inter_op == 0:
         return thread_layouts.chosen(count)[0]
     if 0 < user_inter_op < count:
-        # Measured (README, thread layout): 2 devices with 1 inter-op thread ran at 0.52-0.59
-        # of 2 threads' speed, every round: the replicas' steps no longer overlap.
+        # Fewer inter-op threads than devices: the replicas' steps no longer overlap.
         logging.warning(
             "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
             "the replicas take turns, so training runs at about one device's speed. Set at "
@@ -130,14 +129,14 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
 
     By default logical CPU devices share one pool of intra-op threads: two replicas each with
-    one thread then take turns on that one thread (measured: ResNet-18 on 2 devices x 1 thread
-    ran at 1.0x one device's speed), and with more threads they fight over all cores. So when
+    one thread then take turns on that one thread (no faster than one device), and with more
+    threads they fight over all cores. So when
     this function splits the CPU into ``n > 1`` devices it lays the threads out as this
     machine kind was tuned to (``scripts/benchmark.py --tune``, :mod:`tfpar.thread_layouts`),
     or else by default gives each device a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL=1``,
     unless that variable is set already) of ``cores // n`` intra-op threads, and ``n``
-    inter-op threads to drive the replicas side by side. A logical device is then like one of
-    the seeds' GPUs: one unit of compute.
+    inter-op threads to drive the replicas side by side. A logical device is then like one
+    GPU: one unit of compute.
 
     Thread counts the user set already (``tf.config.threading``) are kept unless
     ``threads_per_device`` or ``layout`` is given; the pools are per device either way unless

@@ -12,7 +12,6 @@ still be split afterwards.
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 from typing import Any
@@ -129,6 +128,7 @@ def format_text(info: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    # `python -m tfpar.env` runs the program, which lives in tfpar.cli.env (the top layer);
-    # this module is the library it reports with, so it imports the program only by name.
-    importlib.import_module("tfpar.cli.env").run()
+    import sys
+
+    sys.exit("Error: this is the library tfpar-env reports with; run tfpar-env (or python -m "
+             "tfpar.cli.env) instead.")

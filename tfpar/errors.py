@@ -53,10 +53,9 @@ class ConfigError(TfparError):
     """A training configuration value is out of range."""
 
 
-class OptionValueError(ConfigError, RegistryError):
+class OptionValueError(ConfigError):
     """A registry entry's option has a value it does not allow (an unknown algorithm, NCCL
-    without GPUs). A :class:`ConfigError`, like every value out of range; also a
-    :class:`RegistryError` until 0.3.0, which is what it was raised as before."""
+    without GPUs): a :class:`ConfigError`, like every value out of range."""
 
 
 class ClusterError(TfparError):

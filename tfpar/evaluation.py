@@ -1,6 +1,6 @@
 """Parallel evaluation: each replica scores its shard of every batch, the counts are summed.
 
-This is the seeds' ``evaluate_accuracy_gpus``: the result equals single-device evaluation
+Distributed test accuracy: the result equals single-device evaluation
 (an exact count of correct predictions over every test example), whatever the number of
 replicas or the size of the last batch.
 """
@@ -56,8 +56,8 @@ def accuracy(model: keras.Model, dataset: tf.data.Dataset,
 class TestAccuracy(keras.callbacks.Callback):
     """Adds ``test_accuracy`` (see :func:`accuracy`) to the logs at the end of every epoch.
 
-    The seeds evaluate after every epoch for their plot; callbacks after this one (History,
-    TensorBoard) see the figure.
+    Evaluated after every epoch, for the accuracy-per-epoch plot; callbacks after this one
+    (History, TensorBoard) see the figure.
 
     Args:
         dataset: ``(image, label)`` batches of the global batch size.

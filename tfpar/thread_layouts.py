@@ -3,8 +3,8 @@ machine was tuned to (no TensorFlow).
 
 A :class:`ThreadLayout` is the intra-op threads of each logical device, whether each device
 has a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL``) and the inter-op threads that drive
-the replicas. The best layout differs by CPU kind and model (measured: a default that won on
-one AMD EPYC kind lost 20-30% on another), so tfpar does not hard-code one:
+the replicas. The best layout differs by CPU kind and model (a default that wins on one kind
+can lose on another), so tfpar does not hard-code one:
 ``scripts/benchmark.py --tune`` times :func:`candidates` for the user's model in paired
 rounds on the user's machine and stores the winner under :func:`machine_key` (CPU model, core
 count, TensorFlow version, oneDNN's ISA cap); :func:`tfpar.devices.ensure_logical_cpus` uses
@@ -64,7 +64,7 @@ class ThreadLayout:
 
 def default(num_devices: int, cores: int | None = None) -> ThreadLayout:
     """The layout used where none is stored: the cores shared evenly, a pool per device, an
-    inter-op thread per device (a logical device is then like one of the seeds' GPUs)."""
+    inter-op thread per device (a logical device is then like one GPU)."""
     cores = cores or os.cpu_count() or 1
     return ThreadLayout(max(1, cores // num_devices))
 

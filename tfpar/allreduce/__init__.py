@@ -4,8 +4,7 @@
 - :mod:`.algorithms`: all-reduce algorithms (collective, naive, ring) over gradient buckets;
 - :mod:`.step`: the exact data-parallel training step that ``model.fit`` runs;
 The strategies that make ``fit`` run it (the ``allreduce`` and ``multi_worker_allreduce``
-registry entries) are in :mod:`tfpar.strategies.allreduce`; ``tfpar.allreduce.AllReduceStrategy``
-and ``MultiWorkerAllReduceStrategy`` still work there, deprecated (removed in 0.3.0).
+registry entries) are in :mod:`tfpar.strategies.allreduce`.
 """
 
 from tfpar import lazy_exports
@@ -15,5 +14,4 @@ lazy_exports.install(__name__, {
     "StepOptions": "options",
     "all_reduce_sum": "algorithms", "without_communication": "algorithms",
     "train_step": "step",
-    "AllReduceStrategy": "strategy", "MultiWorkerAllReduceStrategy": "strategy",
 })

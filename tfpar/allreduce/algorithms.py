@@ -4,13 +4,13 @@ Every algorithm returns, on every replica, the element-wise sum over replicas of
 
 * ``collective``: TensorFlow's own, ``ReplicaContext.all_reduce`` (NCCL, ring or reduction to
   one device, as the strategy's cross-device ops decide; the only one that crosses workers).
-* ``naive``: the seeds' ``allreduce``: every replica's tensor is copied to the first device
+* ``naive``: the textbook all-reduce: every replica's tensor is copied to the first device
   and summed there, then the sum is copied back to every device.
 * ``ring``: reduce-scatter then all-gather. The tensor is cut into one slice per device; the
   partial sum of slice ``c`` travels around the ring of devices starting at device ``c``,
   each adding its own slice, so every device reduces a different slice with the same traffic;
-  the reduced slices are then gathered onto every device (the seeds' exercise "aggregate
-  different parameters on different GPUs").
+  the reduced slices are then gathered onto every device (each device aggregates different
+  parameters).
 
 Tensors are first packed into buckets of at most ``bytes_per_pack`` bytes (one flat tensor per
 bucket and dtype), so the number of reductions does not grow with the number of variables;

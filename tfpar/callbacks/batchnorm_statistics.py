@@ -1,12 +1,12 @@
 """Non-trainable state that replicas update on their own, made well-defined.
 
-With per-replica BatchNorm (the default, as in the seeds), each replica updates its copy of the
-moving mean and variance from its own shard, so the copies drift apart, evaluation depends on
-which replica runs it, and a saved model keeps replica 0's copy. :func:`average` replaces every
-replica's copy of every non-trainable variable by the mean over all replicas (of all workers);
-:class:`AverageAtEpochEnd` does it after each epoch, before evaluation and saving. (The mean of
-the replicas' moving variances is not the variance of the global batch; for that, train with
-synchronized BatchNorm.)
+With per-replica BatchNorm (the default, as in PyTorch's DataParallel), each replica updates its
+copy of the moving mean and variance from its own shard, so the copies drift apart, evaluation
+depends on which replica runs it, and a saved model keeps replica 0's copy. :func:`average`
+replaces every replica's copy of every non-trainable variable by the mean over all replicas (of
+all workers); :class:`AverageAtEpochEnd` does it after each epoch, before evaluation and saving.
+(The mean of the replicas' moving variances is not the variance of the global batch; for that,
+train with synchronized BatchNorm.)
 """
 
 from __future__ import annotations

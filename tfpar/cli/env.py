@@ -1,4 +1,4 @@
-"""``tfpar-env`` / ``python -m tfpar.env``: what tfpar sees here, as text or ``--json``.
+"""``tfpar-env`` / ``python -m tfpar.cli.env``: what tfpar sees here, as text or ``--json``.
 
 TensorFlow's own start-up lines (oneDNN notices, ``failed call to cuInit`` on a machine without
 GPUs) are kept out of the report: they are written while TensorFlow starts, before its log

@@ -1,5 +1,5 @@
-"""Human-readable reports of training runs: the seeds' one-line summary, a comparison table,
-and the seeds' plot of test accuracy per epoch for each device set."""
+"""Human-readable reports of training runs: a one-line summary per device set, a comparison
+table, and a plot of test accuracy per epoch for each device set."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # Only a type here: this module does not import TensorFlow.
 
 
 def summary_line(result: RunResult) -> str:
-    """Returns the seeds' line, e.g. ``test acc: 0.93, 13.2 sec/epoch on [CPU:0, CPU:1]``.
+    """Returns the summary line, e.g. ``test acc: 0.93, 13.2 sec/epoch on [CPU:0, CPU:1]``.
 
     The images per second of the steady epochs follow in parentheses.
     """
@@ -56,7 +56,7 @@ def check_plotting() -> None:
 
 
 def curves_figure(results: Sequence[RunResult]):
-    """The seeds' plot: test accuracy and training loss per epoch, one line per device set,
+    """The plot: test accuracy and training loss per epoch, one line per device set,
     and the steady seconds per epoch of each device set with its speedup over the first.
 
     Args:

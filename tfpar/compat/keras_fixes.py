@@ -154,7 +154,7 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
             else:
                 reduced[i] = original(v, strategy, reduction)
         # Every scalar log of a dtype in one collective (Keras: one each), since a collective
-        # across workers costs 1-2 ms of latency and CPU however small it is.
+        # across workers costs a round trip however small it is.
         for indices in scalars.values():
             stacked = strategy.run(lambda *logs: tf.stack(logs),
                                    args=tuple(flat[i] for i in indices))

@@ -1,4 +1,4 @@
-"""Keras model builders for the seeds' networks, looked up by name.
+"""Keras model builders for the reference networks (LeNet, a modified ResNet-18), by name.
 
 Every builder is functional Keras with deterministic, hierarchical layer names and takes
 ``num_classes`` and ``input_shape``; the model outputs logits.

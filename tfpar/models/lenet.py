@@ -14,7 +14,7 @@ from tfpar.models.arguments import check_builder_args
 
 def lenet(num_classes: int = 10, input_shape: tuple[int, ...] = (28, 28, 1),
           name: str = "lenet") -> keras.Model:
-    """Builds the seeds' LeNet.
+    """Builds the reference LeNet.
 
     Args:
         num_classes: Number of output logits.

@@ -16,8 +16,8 @@ from keras import layers
 
 from tfpar.models.arguments import check_builder_args
 
-# PyTorch/Gluon BatchNorm defaults (the seeds' framework): faster-moving statistics than
-# Keras's 0.99, which matters for the seeds' short runs.
+# PyTorch/Gluon BatchNorm defaults: faster-moving statistics than Keras's 0.99, which
+# matters for short runs of a few epochs.
 _BN_MOMENTUM = 0.9
 _BN_EPSILON = 1e-5
 
@@ -79,7 +79,7 @@ def resnet(stage_channels: tuple[int, ...], blocks_per_stage: tuple[int, ...],
 
 def resnet18(num_classes: int = 10, input_shape: tuple[int, ...] = (28, 28, 1),
              synchronized_batchnorm: bool = False, name: str = "resnet18") -> keras.Model:
-    """Builds the seeds' modified ResNet-18 (see the module docstring).
+    """Builds the reference modified ResNet-18 (see the module docstring).
 
     Args:
         num_classes: Number of output logits.

@@ -3,8 +3,8 @@ strategy is asked to run and raises one line naming the alternative (or warns on
 step trains, but not as on one device).
 
 A strategy class lists its refusals in :attr:`tfpar.strategies.base.TfparStrategy.refusals`;
-the base class checks them once per ``Strategy.run`` of a model's step. Measured on
-TensorFlow 2.21 / Keras 3.15:
+the base class checks them once per ``Strategy.run`` of a model's step. As of TensorFlow 2.21
+/ Keras 3.15:
 
 - :data:`KERAS_UPDATE_IN_COND` (every ``MirroredStrategy``-family strategy running a step that
   calls ``optimizer.apply``: Keras's own ``train_step`` under ``mirrored``, ``central_storage``
@@ -46,7 +46,10 @@ from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
 
 if TYPE_CHECKING:
-    from tfpar.strategies.base import TfparStrategy
+    # What a refusal reads of a strategy: a tf.distribute.Strategy with the sentence that
+    # names the alternative (tfpar.strategies.base.TfparStrategy is one).
+    class TfparStrategy(tf.distribute.Strategy):
+        refusal_alternative: str
 
 #: The model methods Keras's ``fit``, ``evaluate`` and ``predict`` pass to ``Strategy.run``.
 KERAS_STEPS = ("train_step", "test_step", "predict_step")

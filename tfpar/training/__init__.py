@@ -1,4 +1,4 @@
-"""Training runs like the seeds': one configuration trained on each of several device sets.
+"""Training runs: one configuration trained on each of several device sets.
 
 - :mod:`.config`: :class:`TrainConfig`, checked on construction (no TensorFlow);
 - :mod:`.building`: the model built and compiled under a strategy (also the benchmark's);
