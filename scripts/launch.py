@@ -2,7 +2,7 @@
 
     python scripts/launch.py --num_workers=2 -- python scripts/train.py --strategy=multi_worker
 
-Run with --help for every flag. The logic lives in tfpar.multiworker.launcher and tfpar.cli.launch.
+Run with --help for every flag. The logic lives in tfpar.cluster.launcher and tfpar.cli.launch.
 """
 
 from tfpar.cli import launch

@@ -8,8 +8,8 @@ import tensorflow as tf
 # The programs (each defines its flags: one per process) and the modules they read before they
 # import TensorFlow (flags, --help, listings).
 PROGRAMS = ("tfpar.cli.train", "tfpar.cli.benchmark", "tfpar.cli.launch", "tfpar.cli.env")
-TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.multiworker.cluster",
-                   "tfpar.multiworker.launcher", "tfpar.strategies.multi_worker_options",
+TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.cluster.spec",
+                   "tfpar.cluster.launcher", "tfpar.strategies.multi_worker_options",
                    "tfpar.training.config", "tfpar.data.catalog", "tfpar.benchmark.runner",
                    "tfpar.benchmark.report", "tfpar.benchmark.config", "tfpar.env",
                    "tfpar.config_fields", "tfpar.cli.config_flags",
@@ -46,7 +46,7 @@ class LazyExportsTest(tf.test.TestCase):
         self.assertEqual(lines[0], "False")
         for module in ("tfpar.strategies.registry", "tfpar.allreduce.step",
                        "tfpar.callbacks.batchnorm_statistics", "tfpar.benchmark.worker",
-                       "tfpar.data.pipelines", "tfpar.multiworker.private_network",
+                       "tfpar.data.pipelines", "tfpar.cluster.private_network",
                        "tfpar.training.building", "tfpar.cli.train_report"):
             self.assertIn(module, lines)
 
@@ -74,6 +74,35 @@ class LazyExportsTest(tf.test.TestCase):
 
         with self.assertRaisesRegex(AttributeError, "module 'tfpar.data' has no attribute 'lod'"):
             tfpar.data.lod  # noqa: B018
+
+
+class DeprecatedAliasesTest(tf.test.TestCase):
+    """Moved modules still import, for one minor version, with a warning naming the new place."""
+
+    def test_each_alias_warns_and_gives_the_moved_objects(self):
+        # One fresh process: each alias is imported there for the first time.
+        code = ("import warnings\n"
+                "warnings.simplefilter('always', DeprecationWarning)\n"
+                "with warnings.catch_warnings(record=True) as caught:\n"
+                "    warnings.simplefilter('always', DeprecationWarning)\n"
+                "    from tfpar.multiworker import cluster, launcher\n"
+                "from tfpar.cluster import launcher as new_launcher, peers, spec\n"
+                "for w in caught:\n"
+                "    print(w.message)\n"
+                "print(cluster.resolver is spec.resolver, cluster.connect is peers.connect,\n"
+                "      launcher.launch is new_launcher.launch)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines, [
+            "tfpar.multiworker is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.cluster.",
+            "tfpar.multiworker.cluster is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.cluster.spec and tfpar.cluster.peers.",
+            "tfpar.multiworker.launcher is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.cluster.launcher.",
+            "True True True"])
 
 
 if __name__ == "__main__":

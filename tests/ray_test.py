@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfpar.multiworker import private_network
+from tfpar.cluster import private_network
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "ray", "train.py")

@@ -35,12 +35,12 @@ def _worker_layout(workers: int) -> str:
 
 
 def _cluster() -> dict[str, Any]:
+    from tfpar.cluster import spec as cluster_spec
     from tfpar.errors import TfparError
-    from tfpar.multiworker import cluster
 
     if os.environ.get("TF_CONFIG"):
         try:
-            spec, task_type, task_index = cluster.parse_tf_config(os.environ["TF_CONFIG"])
+            spec, task_type, task_index = cluster_spec.parse_tf_config(os.environ["TF_CONFIG"])
         except TfparError as e:
             return {"source": "TF_CONFIG", "error": str(e)}
         return {"source": "TF_CONFIG", "cluster": spec, "task": f"{task_type}:{task_index}"}

@@ -32,7 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfpar.callbacks.checkpointing import EpochCheckpoint
-from tfpar.multiworker import cluster
+from tfpar.cluster import spec as cluster_spec
 
 try:
     import ray.train
@@ -70,7 +70,7 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
                  made_with: dict[str, Any] | None = None):
         super().__init__()
         self._metrics = metrics
-        self._chief = cluster.is_chief(strategy)
+        self._chief = cluster_spec.is_chief(strategy)
         self._local = tempfile.mkdtemp(prefix="tfpar-ray-")  # Ray uploads it at each epoch.
         weakref.finalize(self, shutil.rmtree, self._local, True)
         self._state = EpochCheckpoint(self._local, model, strategy, max_to_keep=1,

@@ -14,10 +14,10 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from tfpar import strategies
 from tfpar import testing
+from tfpar.cluster import launcher
 from tfpar.compat import keras_fixes
-from tfpar.multiworker import launcher
 
-WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multiworker",
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster",
                       "multi_worker_worker.py")
 
 
@@ -56,7 +56,7 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
                                   "reduce_per_replica"], 2, out=out)
         self.assertNotEqual(status, 0)
         self.assertIn("Invalid reduction dimension 0 for input with 0 dimensions", out.getvalue())
-        # With the fix, the same job trains: tests/multiworker/strategy_test.py.
+        # With the fix, the same job trains: tests/cluster/strategy_test.py.
 
     # Without the train function's fix fit fails; without the test function's, evaluate.
     @parameterized.parameters("multi_step_train_function", "multi_step_test_function")
@@ -69,7 +69,7 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
                                   '{"steps_per_execution": 2}', fix], 2, out=out)
         self.assertNotEqual(status, 0)
         self.assertIn("You must feed a value for placeholder tensor", out.getvalue())
-        # With the fix, the same job trains exactly: tests/multiworker/strategy_test.py.
+        # With the fix, the same job trains exactly: tests/cluster/strategy_test.py.
 
     def fit_as_if_across_workers(self, name):
         """Fits a model with two scalar logs under ``name`` on 2 devices, with the log fix

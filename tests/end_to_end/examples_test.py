@@ -11,7 +11,7 @@ import sys
 import tensorflow as tf
 import yaml
 
-from tfpar.multiworker import kubernetes
+from tfpar.cluster import kubernetes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")

@@ -17,9 +17,9 @@ from absl.testing import parameterized
 from tfpar import data
 from tfpar import testing
 from tfpar import training
+from tfpar.cluster import launcher
+from tfpar.cluster import private_network
 from tfpar.errors import NonFiniteLossError
-from tfpar.multiworker import launcher
-from tfpar.multiworker import private_network
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")

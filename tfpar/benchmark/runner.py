@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from tfpar.benchmark.configuration import CEILING
 from tfpar.benchmark.configuration import Configuration
 from tfpar.benchmark.configuration import Measurement
+from tfpar.cluster import launcher
+from tfpar.cluster import private_network
 from tfpar.errors import ConfigError
-from tfpar.multiworker import launcher
-from tfpar.multiworker import private_network
 
 
 class _Processes:

@@ -42,8 +42,8 @@ from tfpar.benchmark.configuration import BASELINE
 from tfpar.benchmark.configuration import CEILING
 from tfpar.benchmark.configuration import Configuration
 from tfpar.callbacks.profiling import ProfileSteps
+from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import TfparError
-from tfpar.multiworker import cluster
 from tfpar.training import building
 
 # Every configuration trains SGD with momentum (the train command's default optimizer) at one
@@ -156,7 +156,7 @@ def serve(config: Configuration, profile_steps: int = 0, profile_dir: str | None
     if profile_steps:
         # Every worker of a job trains the steps; only the chief traces them (see
         # tfpar.training.run: TensorFlow's profiler aborts now and then in other workers).
-        chief = cluster.is_chief(trainer.strategy)
+        chief = cluster_spec.is_chief(trainer.strategy)
         trainer.train(profile_steps,
                       [ProfileSteps(1, profile_steps, profile_dir or "")] if chief else [])
     replies.write(f"READY {json.dumps(trainer.info)}\n")

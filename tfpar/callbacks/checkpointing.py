@@ -26,9 +26,9 @@ import tensorflow as tf
 from absl import logging
 
 from tfpar import atomic_io
+from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import ConfigError
 from tfpar.errors import StateNotSavedError
-from tfpar.multiworker import cluster
 
 
 @contextlib.contextmanager
@@ -70,7 +70,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._made_with_written = False
         #: Per log, its value at every saved epoch from the first (restored, then extended).
         self.history: dict[str, list[float]] = {}
-        self._chief = cluster.is_chief(strategy)
+        self._chief = cluster_spec.is_chief(strategy)
         resolver = getattr(strategy, "cluster_resolver", None)
         # Only a worker of a multi-worker job is not the chief: it has a cluster resolver.
         self._write_dir = directory if self._chief or resolver is None else os.path.join(

@@ -13,8 +13,8 @@ import sys
 from absl import flags
 
 from tfpar.cli import common
+from tfpar.cluster import launcher
 from tfpar.errors import ConfigError
-from tfpar.multiworker import launcher
 
 FLAGS = flags.FLAGS
 

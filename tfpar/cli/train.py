@@ -20,9 +20,9 @@ from tfpar.allreduce.options import StepOptions
 from tfpar.cli import common
 from tfpar.cli import config_flags
 from tfpar.cli import train_report as report
+from tfpar.cluster import launcher
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
-from tfpar.multiworker import launcher
 from tfpar.strategies.cross_device_ops import ReductionOptions
 from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.training import config as config_lib

@@ -16,7 +16,7 @@ No public API sets these: ``tensorflow.python.eager.context``'s
 (``collective_all_reduce_strategy.py``, TensorFlow 2.16-2.21) plus the timeouts; the barrier
 field is set on the configuration it stores. Used only on the TensorFlow versions of
 :data:`VERIFIED_TENSORFLOW`, imported behind that gate; elsewhere a heartbeat timeout raises one
-line and the set-up keeps TensorFlow's own waits. ``tests/multiworker/launcher_test.py`` stops a
+line and the set-up keeps TensorFlow's own waits. ``tests/cluster/launcher_test.py`` stops a
 worker and measures the job ending well before TensorFlow's default would end it;
 ``tests/end_to_end/reliability_test.py`` has a peer die during the set-up.
 """

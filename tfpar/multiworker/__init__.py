@@ -1,12 +1,11 @@
-"""Training across worker processes.
+"""Deprecated since 0.3.0, removed in 0.4.0: moved to :mod:`tfpar.cluster` (``cluster`` split
+into :mod:`tfpar.cluster.spec` and :mod:`tfpar.cluster.peers`)."""
 
-- :mod:`.cluster`: where the workers are (TF_CONFIG, SLURM, explicit hosts), checked; waiting
-  for the peers; connecting;
-- :mod:`.failures`: what a failed collective means (which peer stopped answering);
-- :mod:`.launcher`: runs a job's workers on this machine (``tfpar-launch``);
-- :mod:`.private_network`: the private loopback network the launcher's workers run in.
-"""
+import warnings
 
 from tfpar import lazy_exports
+
+warnings.warn("tfpar.multiworker is deprecated and will be removed in tfpar 0.4.0: use "
+              "tfpar.cluster.", DeprecationWarning, stacklevel=2)
 
 lazy_exports.install(__name__)

@@ -31,9 +31,9 @@ from typing import ClassVar
 import tensorflow as tf
 from keras import tree
 
+from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat.iterator_release import releasing_iterators
-from tfpar.multiworker import cluster as cluster_lib
 from tfpar.strategies.refusals import XLA_ON_CPU_REPLICAS
 from tfpar.strategies.refusals import KerasStep
 from tfpar.strategies.refusals import Refusal
@@ -62,7 +62,7 @@ class TfparStrategy(_StrategyBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if os.environ.get("TF_CONFIG"):
-            cluster_lib.parse_tf_config(os.environ["TF_CONFIG"])
+            cluster_spec.parse_tf_config(os.environ["TF_CONFIG"])
         super().__init__(*args, **kwargs)
         if self.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
             keras_fixes.install()

@@ -11,9 +11,10 @@ import tensorflow as tf
 from tfpar import devices as devices_lib
 from tfpar import thread_layouts
 from tfpar.allreduce.options import check_bytes_per_pack
+from tfpar.cluster import peers as cluster_peers
+from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import coordination
 from tfpar.errors import OptionValueError
-from tfpar.multiworker import cluster as cluster_lib
 from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
@@ -81,7 +82,7 @@ def _threads_tuned_for_the_host(resolver) -> bool:
     spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
     if not spec or _user_set_threads():
         return False
-    workers = cluster_lib.tasks_on_host(spec, resolver.task_type, resolver.task_id)
+    workers = cluster_spec.tasks_on_host(spec, resolver.task_type, resolver.task_id)
     layout = thread_layouts.chosen_for_workers(workers)[0] if workers > 1 else None
     if layout is None:
         return False
@@ -119,7 +120,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
         raise OptionValueError("On CPUs each multi_worker process runs one replica; use one "
                                f"device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
-    resolver = cluster_lib.resolver(options.cluster, options.worker_hosts, options.task_index)
+    resolver = cluster_spec.resolver(options.cluster, options.worker_hosts, options.task_index)
     if not (_threads_from_the_budget() or _threads_tuned_for_the_host(resolver)):
         _leave_a_thread_for_collectives()
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
@@ -134,7 +135,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     if resolver is not None and resolver.cluster_spec().jobs:
         coordination.configure(resolver.cluster_spec(), resolver.task_type,
                                options.heartbeat_timeout, options.cluster_timeout)
-    return cluster_lib.connect(
+    return cluster_peers.connect(
         lambda: strategy_class(cluster_resolver=resolver, communication_options=communication,
                                **extra),
         resolver, options.cluster_timeout)

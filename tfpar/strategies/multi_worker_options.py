@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfpar.cluster import peers as cluster_peers
+from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import coordination
 from tfpar.config_fields import field
 from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
-from tfpar.multiworker import cluster as cluster_lib
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
@@ -34,10 +35,10 @@ class MultiWorkerOptions:
     """
 
     implementation: str = field("auto", choices=IMPLEMENTATIONS)
-    cluster: str = field("auto", choices=cluster_lib.SOURCES)
+    cluster: str = field("auto", choices=cluster_spec.SOURCES)
     worker_hosts: tuple[str, ...] | None = None
     task_index: int | None = None
-    cluster_timeout: float = cluster_lib.DEFAULT_TIMEOUT_SECONDS
+    cluster_timeout: float = cluster_peers.DEFAULT_TIMEOUT_SECONDS
     heartbeat_timeout: float | None = None
 
     def __post_init__(self):

@@ -28,13 +28,13 @@ from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.callbacks.timing import EpochTimer
+from tfpar.cluster import failures
+from tfpar.cluster import spec as cluster_spec
 from tfpar.data import loading
 from tfpar.data import pipelines
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
-from tfpar.multiworker import cluster
-from tfpar.multiworker import failures
 from tfpar.training.building import build_compiled_model
 from tfpar.training.building import check_compile_options
 from tfpar.training.building import replica_devices
@@ -182,7 +182,7 @@ class _RunCallbacks:
             checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
             initial_epoch = checkpoint.restore() if config.resume else 0
             callbacks.append(checkpoint)
-        chief = cluster.is_chief(strategy)
+        chief = cluster_spec.is_chief(strategy)
         if chief:
             callbacks += _chief_logs(config, strategy, device_set)
         earlier = {name: list(values) for name, values in checkpoint.history.items()
@@ -279,7 +279,7 @@ def _fit(model: keras.Model, train: tf.data.Dataset, fit_args: dict[str, Any],
     try:
         return model.fit(train, **fit_args)
     except tf.errors.OpError as e:
-        tasks = failures.lost_peers(e.message) if cluster.is_multi_worker(strategy) else None
+        tasks = failures.lost_peers(e.message) if cluster_spec.is_multi_worker(strategy) else None
         if tasks is None:
             raise
         raise PeerLostError(failures.peer_lost_message(tasks, _resume_point(config, checkpoint))

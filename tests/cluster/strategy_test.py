@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tfpar import testing
-from tfpar.multiworker import launcher
+from tfpar.cluster import launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

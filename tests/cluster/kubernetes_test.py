@@ -6,9 +6,9 @@ from unittest import mock
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import kubernetes
+from tfpar.cluster import spec as cluster
 from tfpar.errors import ClusterError
-from tfpar.multiworker import cluster
-from tfpar.multiworker import kubernetes
 
 POD = {"JOB_COMPLETION_INDEX": "1", "TFPAR_NUM_WORKERS": "3", "TFPAR_SERVICE": "tfpar-workers"}
 

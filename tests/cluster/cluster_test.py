@@ -12,11 +12,12 @@ from unittest import mock
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import launcher
+from tfpar.cluster import peers as cluster_peers
+from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import ClusterError
 from tfpar.errors import PeerUnreachableError
 from tfpar.errors import PortTakenError
-from tfpar.multiworker import cluster
-from tfpar.multiworker import launcher
 
 
 class ClusterSpecTest(tf.test.TestCase, parameterized.TestCase):
@@ -24,7 +25,7 @@ class ClusterSpecTest(tf.test.TestCase, parameterized.TestCase):
     def test_valid_tf_config(self):
         text = json.dumps({"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
                            "task": {"type": "worker", "index": 1}})
-        self.assertEqual(cluster.parse_tf_config(text),
+        self.assertEqual(cluster_spec.parse_tf_config(text),
                          ({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "worker", 1))
 
     @parameterized.named_parameters(
@@ -44,37 +45,38 @@ class ClusterSpecTest(tf.test.TestCase, parameterized.TestCase):
     )
     def test_malformed_tf_config(self, text, message):
         with self.assertRaisesRegex(ClusterError, message):
-            cluster.parse_tf_config(text)
+            cluster_spec.parse_tf_config(text)
 
     def test_resolver_from_flags(self):
-        resolver = cluster.resolver("flags", ["127.0.0.1:1", "127.0.0.1:2"], 1)
+        resolver = cluster_spec.resolver("flags", ["127.0.0.1:1", "127.0.0.1:2"], 1)
         self.assertEqual((resolver.task_type, resolver.task_id), ("worker", 1))
         with self.assertRaisesRegex(ClusterError, "task index must be from 0 to 1"):
-            cluster.resolver("flags", ["127.0.0.1:1", "127.0.0.1:2"], None)
+            cluster_spec.resolver("flags", ["127.0.0.1:1", "127.0.0.1:2"], None)
 
     def test_resolver_checks_tf_config_before_connecting(self):
         with mock.patch.dict(os.environ, {"TF_CONFIG": '{"cluster": []}'}):
             with self.assertRaisesRegex(ClusterError, 'needs "cluster" and "task"'):
-                cluster.resolver()
+                cluster_spec.resolver()
 
     def test_tasks_on_host_counts_the_chief_and_workers_sharing_an_address(self):
         spec = {"chief": ["127.0.0.1:2000"], "worker": ["127.0.0.1:2001", "10.0.0.2:2001",
                                                         "[::1]:2002"]}
-        self.assertEqual(cluster.tasks_on_host(spec, "worker", 0), 2)
-        self.assertEqual(cluster.tasks_on_host(spec, "worker", 1), 1)
-        self.assertEqual(cluster.tasks_on_host(spec, "worker", 2), 1)
-        self.assertEqual(cluster.tasks_on_host(
+        self.assertEqual(cluster_spec.tasks_on_host(spec, "worker", 0), 2)
+        self.assertEqual(cluster_spec.tasks_on_host(spec, "worker", 1), 1)
+        self.assertEqual(cluster_spec.tasks_on_host(spec, "worker", 2), 1)
+        self.assertEqual(cluster_spec.tasks_on_host(
             {"worker": {0: "127.0.0.1:2001", 3: "127.0.0.1:2004"}}, "worker", 3), 2)
 
     def test_no_cluster_is_a_single_worker(self):
         with mock.patch.dict(os.environ, {}, clear=True):
-            self.assertIsNone(cluster.resolver())
+            self.assertIsNone(cluster_spec.resolver())
 
 
 class WaitForPeersTest(tf.test.TestCase):
 
     def _resolver(self, own_port: int, peer_port: int):
-        return cluster.resolver("flags", [f"127.0.0.1:{own_port}", f"127.0.0.1:{peer_port}"], 0)
+        return cluster_spec.resolver("flags", [f"127.0.0.1:{own_port}",
+                                               f"127.0.0.1:{peer_port}"], 0)
 
     def _free_port(self) -> int:
         return launcher.free_ports(1)[0]
@@ -99,10 +101,10 @@ class WaitForPeersTest(tf.test.TestCase):
 
         threading.Thread(target=answer_then_leave).start()
         start = time.monotonic()
-        cluster.leave_last(self._resolver(self._free_port(), port), timeout=10)
+        cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
         self.assertBetween(time.monotonic() - start, 0.9, 5)
         start = time.monotonic()
-        cluster.leave_last(self._resolver(self._free_port(), port), timeout=10)
+        cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
         self.assertLess(time.monotonic() - start, 2)
 
     def test_says_whom_it_waits_for_and_gives_up(self):
@@ -111,7 +113,7 @@ class WaitForPeersTest(tf.test.TestCase):
         with self.assertRaisesRegex(PeerUnreachableError,
                                     rf"^Worker 1 \(127\.0\.0\.1:{peer}\) did not come up within "
                                     r"1\.5 s \(its port did not answer.*\)\. Start every task"):
-            cluster.wait_for_peers(self._resolver(own, peer), timeout=1.5,
+            cluster_peers.wait_for_peers(self._resolver(own, peer), timeout=1.5,
                                    report=messages.append, report_every=0.5)
         self.assertNotEmpty(messages)
         self.assertRegex(messages[0], rf"^Waiting for worker 1 \(127\.0\.0\.1:{peer}\) since "
@@ -123,8 +125,8 @@ class WaitForPeersTest(tf.test.TestCase):
         own, peer = launcher.free_ports(2)
 
         def other_worker():
-            cluster.wait_for_peers(
-                cluster.resolver("flags", [f"127.0.0.1:{own}", f"127.0.0.1:{peer}"], 1), 10)
+            cluster_peers.wait_for_peers(
+                cluster_spec.resolver("flags", [f"127.0.0.1:{own}", f"127.0.0.1:{peer}"], 1), 10)
             self.servers.append(tf.distribute.Server(
                 tf.train.ClusterSpec({"worker": [f"localhost:{peer}"]}), "worker", 0))
 
@@ -132,7 +134,7 @@ class WaitForPeersTest(tf.test.TestCase):
         other = threading.Thread(target=other_worker)
         other.start()
         waiting = []  # "Waiting for" lines, while the peer's server starts.
-        cluster.wait_for_peers(self._resolver(own, peer), timeout=10, report=waiting.append)
+        cluster_peers.wait_for_peers(self._resolver(own, peer), timeout=10, report=waiting.append)
         # This task's port goes on answering (its server would), until the peer has seen it.
         with socket.socket() as stay:
             stay.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -153,7 +155,7 @@ class WaitForPeersTest(tf.test.TestCase):
         port = self._free_port()
         self.server = tf.distribute.Server(
             tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), "worker", 0)
-        cluster.wait_for_peers(self._resolver(self._free_port(), port), timeout=10,
+        cluster_peers.wait_for_peers(self._resolver(self._free_port(), port), timeout=10,
                                report=self.fail)
 
     def test_a_port_that_connects_but_never_answers_is_waited_for(self):
@@ -167,7 +169,7 @@ class WaitForPeersTest(tf.test.TestCase):
             with self.assertRaisesRegex(ClusterError, rf"^Worker 1 \(127\.0\.0\.1:{port}\) "
                                                       r"did not come up within 3 s \(its port "
                                                       r"did not answer"):
-                cluster.wait_for_peers(self._resolver(self._free_port(), port), timeout=3,
+                cluster_peers.wait_for_peers(self._resolver(self._free_port(), port), timeout=3,
                                        report=messages.append, report_every=1)
         self.assertRegex(messages[0], rf"^Waiting for worker 1 \(127\.0\.0\.1:{port}\)")
 
@@ -178,7 +180,7 @@ class WaitForPeersTest(tf.test.TestCase):
             port = taken.getsockname()[1]
             with self.assertRaisesRegex(PortTakenError, rf"Port {port} of this worker "
                                                         r".* is in use by another program"):
-                cluster.wait_for_peers(self._resolver(port, self._free_port()), timeout=5)
+                cluster_peers.wait_for_peers(self._resolver(port, self._free_port()), timeout=5)
         self.assertEqual(PortTakenError.exit_status, 75)
 
     def test_a_signal_interrupts_the_wait(self):
@@ -191,7 +193,7 @@ class WaitForPeersTest(tf.test.TestCase):
         try:
             timer.start()
             with self.assertRaises(KeyboardInterrupt):
-                cluster.wait_for_peers(self._resolver(*launcher.free_ports(2)), timeout=60)
+                cluster_peers.wait_for_peers(self._resolver(*launcher.free_ports(2)), timeout=60)
         finally:
             timer.cancel()
             signal.signal(signal.SIGTERM, previous)

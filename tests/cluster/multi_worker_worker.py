@@ -20,8 +20,8 @@ import numpy as np
 
 from tfpar import strategies
 from tfpar import testing
+from tfpar.cluster.spec import is_chief
 from tfpar.compat import keras_fixes
-from tfpar.multiworker.cluster import is_chief
 
 
 def main(name: str, initial_path: str, output_path: str, options: str = "{}",

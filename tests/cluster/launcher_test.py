@@ -15,8 +15,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import launcher
 from tfpar.errors import ConfigError
-from tfpar.multiworker import launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -11,10 +11,10 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import private_network
+from tfpar.cluster import slurm
+from tfpar.cluster import spec as cluster
 from tfpar.errors import ClusterError
-from tfpar.multiworker import cluster
-from tfpar.multiworker import private_network
-from tfpar.multiworker import slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multi_worker_worker.py")

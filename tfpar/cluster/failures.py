@@ -1,0 +1,49 @@
+"""What a failed collective across workers means, in words a user can act on.
+
+When a worker stops answering (killed, stopped, its machine down, the network cut),
+TensorFlow's coordination service notices its missing heartbeats and aborts every collective
+of the job; ``fit`` then raises a ``tf.errors.OpError`` whose text names the unhealthy tasks
+(e.g. ``The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1``). No TensorFlow at import.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The phrases TensorFlow 2.16-2.21 use when a peer is lost (coordination service, collective
+# executor, gRPC).
+_PEER_LOST = ("unhealthy", "stopped sending heartbeats", "Collective ops is aborted",
+              "failed to connect to all addresses", "Socket closed", "Connection reset by peer",
+              "connection refused")
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def lost_peers(message: str) -> list[str] | None:
+    """Returns the tasks a TensorFlow error says stopped answering (``["worker 1"]``; empty
+    when it names none), or ``None`` when the error is not about a lost peer.
+
+    Args:
+        message: The text of a ``tf.errors.OpError``.
+    """
+    if not any(phrase.lower() in message.lower() for phrase in _PEER_LOST):
+        return None
+    named = message.split("unhealthy", 1)[1] if "unhealthy" in message else message
+    tasks = []
+    for job, index in _TASK.findall(named):
+        if f"{job} {index}" not in tasks:
+            tasks.append(f"{job} {index}")
+    return tasks
+
+
+def peer_lost_message(tasks: list[str], saved: str) -> str:
+    """The one line a worker prints when a peer stopped answering.
+
+    Args:
+        tasks: What :func:`lost_peers` returned.
+        saved: Where the last finished epoch is, in words (or that nothing is saved).
+    """
+    who = " and ".join(tasks) if tasks else "A peer worker"
+    return (f"{who[0].upper()}{who[1:]} stopped answering, so TensorFlow aborted the job's "
+            "collectives. Check that every worker's process is still running (not stopped, "
+            f"killed or out of memory) and the network between the workers. {saved}")

@@ -1,0 +1,346 @@
+"""A local launcher: N worker processes of one command on loopback, with TF_CONFIG each.
+
+It picks free ports, gives each worker its ``TF_CONFIG``, prefixes every output line with the
+worker's rank, and supervises: if a worker fails or is killed, the others are stopped and the
+launcher reports which worker failed; Ctrl-C or SIGTERM stops every worker. Workers run in
+their own process groups, so nothing they start outlives the launcher; and a launcher that is
+killed outright (``kill -9``, the out-of-memory killer) takes its workers with it (Linux's
+parent-death signal), so a launcher run again never shares a model folder with orphans.
+
+With ``max_restarts`` it restarts the whole group after a failure, as ``torchrun
+--max-restarts`` does: the failed worker's peers are stopped and every worker starts again with
+fresh ports, resuming from the last finished epoch its command's ``--model_dir`` holds.
+
+By default the workers run on a private loopback network (:mod:`.private_network`), since
+TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
+runs them on the machine's network instead (then their ports must be firewalled), and a port
+taken by another program before a worker binds it makes the launcher start over with new ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import TextIO
+
+from tfpar.cluster import private_network
+from tfpar.cluster.peers import PRIVATE_NETWORK_ENV
+from tfpar.errors import ConfigError
+from tfpar.errors import PortTakenError
+
+# After SIGTERM, how long a worker may take to stop before it is killed (a worker gives itself
+# tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside TensorFlow).
+STOP_GRACE_SECONDS = 15.0
+NETWORKS = ("private", "host")
+PORT_ATTEMPTS = 3  # Starts with fresh ports when a worker finds its port taken (host network).
+# Set to "1" in the workers' environment to have every worker print its progress and report
+# (tfpar's programs otherwise print them on the chief only).
+ALL_OUTPUT_ENV = "TFPAR_ALL_WORKERS_OUTPUT"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct ports that were free on ``host`` a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    except (OSError, OverflowError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise ConfigError(f"Cannot open a port on host {host!r} ({reason}): the workers run on "
+                          "this machine, so give one of its addresses, e.g. 127.0.0.1.") from None
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
+    """Returns each worker's ``TF_CONFIG`` for a cluster of ``num_workers`` on ``host``."""
+    workers = [f"{host}:{port}" for port in free_ports(num_workers, host)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            for i in range(num_workers)]
+
+
+# Exit statuses that end a job without a restart: success, and bad input (exit 2: the same
+# command fails the same way again). A worker stopped by a signal of its own (130: SIGTERM from
+# a scheduler, a preemption) is restarted; the user's Ctrl-C or SIGTERM to the launcher is not
+# (_Interrupted).
+_NO_RESTART = (0, 2)
+INTERRUPTED_STATUS = 130
+
+
+class _Interrupted(Exception):
+    """The launcher itself was told to stop (Ctrl-C, SIGTERM); every worker is stopped."""
+_CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', re.M)
+
+
+def model_dir_of(command: Sequence[str]) -> str | None:
+    """The ``--model_dir`` a tfpar training command carries, or ``None``."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--model_dir="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--model_dir" and i + 1 < len(command):
+            return command[i + 1]
+    return None
+
+
+def last_saved_epoch(model_dir: str) -> int:
+    """The last epoch saved in ``model_dir`` by any of its runs (0: none), read from
+    TensorFlow's checkpoint state files (no TensorFlow needed)."""
+    epochs = [0]
+    with contextlib.suppress(OSError):
+        for run in ["", *os.listdir(model_dir)]:  # The folder itself, or a run's folder.
+            with contextlib.suppress(OSError):
+                with open(os.path.join(model_dir, run, "checkpoint"), encoding="utf-8") as f:
+                    epochs += [int(n) for n in _CHECKPOINT_STATE.findall(f.read())]
+    return max(epochs)
+
+
+def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, ""):
+        with lock:
+            out.write(f"{prefix}{line}")
+            out.flush()
+    stream.close()
+
+
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for p in processes:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops the workers as Ctrl-C does.
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
+           out: TextIO | None = None, all_output: bool = False,
+           network: str = "private", max_restarts: int = 0,
+           resumes_itself: bool = False) -> int:
+    """Runs ``command`` as ``num_workers`` workers and supervises them.
+
+    Args:
+        command: The program and its arguments, e.g. ``["python", "scripts/train.py", ...]``.
+        num_workers: Number of worker processes.
+        host: The workers' address (loopback unless told otherwise).
+        out: Where prefixed output goes (standard output by default).
+        all_output: Every worker prints progress and reports, not only the chief.
+        network: ``"private"``: the workers run on a loopback network of their own, which
+            nothing outside the job can reach (nor can they reach the network; Linux only).
+            ``"host"``: on this machine's network, where TensorFlow's servers listen on every
+            interface (firewall their ports).
+        max_restarts: How many times the whole group is started again after a worker fails
+            (a non-zero exit other than 2, bad input: a crash, a kill, a worker stopped by a
+            signal of its own, a peer lost; not Ctrl-C or SIGTERM to the launcher). Each
+            restart resumes from the last finished epoch in the command's ``--model_dir``,
+            which it must carry unless ``resumes_itself``.
+        resumes_itself: The command resumes by itself when started again (a user's script
+            with Keras's ``BackupAndRestore`` or tfpar's ``EpochCheckpoint``): restarts need no
+            ``--model_dir`` in it.
+
+    Returns:
+        0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
+        130 after Ctrl-C or SIGTERM to the launcher.
+
+    Raises:
+        ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
+            is not an address of this machine (or not loopback on a private network), a
+            private network cannot be made here, or ``max_restarts`` is set without
+            ``--model_dir`` in the command nor ``resumes_itself``.
+    """
+    model_dir = model_dir_of(command)
+    _check_launch(command, num_workers, host, network, max_restarts,
+                  model_dir if model_dir is not None or not resumes_itself else "")
+    out = out or sys.stdout
+    for restart in range(max_restarts + 1):
+        if restart and model_dir is None:  # Checked above: the command resumes by itself.
+            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
+                      "again; the command resumes by itself.\n")
+            out.flush()
+        elif restart and model_dir is not None:
+            epoch = last_saved_epoch(model_dir)
+            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
+                      "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
+                                   else f"from scratch (no epoch saved in {model_dir} yet).\n"))
+            out.flush()
+        try:
+            status = _launch_once(command, num_workers, host, out, all_output, network)
+        except _Interrupted:
+            return INTERRUPTED_STATUS
+        if status in _NO_RESTART:
+            return status
+    if max_restarts:
+        out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); exiting "
+                  f"with the failed worker's status ({status}).\n")
+    return status
+
+
+def _check_launch(command: Sequence[str], num_workers: int, host: str, network: str,
+                  max_restarts: int, model_dir: str | None) -> None:
+    """Raises :class:`ConfigError` for what :func:`launch` cannot run (see its Raises)."""
+    if not command:
+        raise ConfigError("The command to run is empty: give the program and its arguments, "
+                          "e.g. python scripts/train.py --strategy=multi_worker.")
+    if num_workers < 1:
+        raise ConfigError(f"num_workers must be >= 1. Received: {num_workers}.")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
+                          f"{{argument}}={max_restarts!r}.", argument="max_restarts")
+    if max_restarts and model_dir is None:
+        raise ConfigError(f"Restarts (max_restarts={max_restarts}) resume the job from its last "
+                          "saved epoch: the command must carry --model_dir=DIR (where the "
+                          "epochs are saved), or, if it resumes by itself (Keras's "
+                          "BackupAndRestore, tfpar's EpochCheckpoint), set {argument}.",
+                          argument="resumes_itself")
+    if network not in NETWORKS:
+        raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
+    if network == "private" and not _is_loopback(host):
+        raise ConfigError(f"A private network has only loopback: host must be a loopback "
+                          f"address such as 127.0.0.1. Received: {host!r}. Use network 'host' "
+                          "for another address.")
+
+
+def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextIO,
+                 all_output: bool, network: str) -> int:
+    """One start of the workers (again with new ports where a port was taken)."""
+    with contextlib.ExitStack() as stack:
+        namespace = (stack.enter_context(private_network.Namespace())
+                     if network == "private" else None)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            configs = tf_configs(num_workers, host)
+            if namespace is None:
+                ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
+                out.write(f"launcher: the workers' TensorFlow servers listen on every network "
+                          f"interface, unauthenticated ({ports}): firewall these ports.\n")
+            status = _run(command, configs, out, all_output, namespace)
+            if status != PortTakenError.exit_status or namespace is not None:
+                return status
+            out.write(f"launcher: a worker's port was taken by another program; starting "
+                      f"again with new ports (attempt {attempt + 1} of {PORT_ATTEMPTS}).\n"
+                      if attempt < PORT_ATTEMPTS else
+                      "launcher: a worker's port was taken every time; giving up.\n")
+        return status
+
+
+def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output: bool,
+         namespace: private_network.Namespace | None) -> int:
+    """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
+    lock = threading.Lock()
+    processes = _start_workers(command, configs, all_output, namespace)
+    threads = []
+    for rank, p in enumerate(processes):
+        t = threading.Thread(target=_forward, args=(p.stdout, f"[worker {rank}] ", out, lock),
+                             daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        return _supervise(processes, out, lock)
+    finally:
+        for t in threads:
+            t.join(timeout=5)
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _worker_set_up(namespace: private_network.Namespace | None) -> Callable[[], None]:
+    """What a worker's process does between ``fork`` and ``exec``: joins the private network
+    (if any) and asks Linux to kill it when the launcher dies."""
+    launcher_pid = os.getpid()
+    try:  # Looked up before the fork: the child only calls it.
+        prctl = ctypes.CDLL(None).prctl
+    except (AttributeError, OSError):  # Not Linux: no parent-death signal.
+        prctl = None
+
+    def set_up() -> None:
+        if namespace is not None:
+            namespace.enter()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher_pid:  # The launcher died before the request took.
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_up
+
+
+def _start_workers(command: Sequence[str], configs: Sequence[str], all_output: bool,
+                   namespace: private_network.Namespace | None) -> list[subprocess.Popen]:
+    """One process of ``command`` per ``TF_CONFIG``, each its own session, output piped.
+
+    Raises:
+        ConfigError: If the command cannot be run (the workers started are stopped).
+    """
+    processes: list[subprocess.Popen] = []
+    for config in configs:
+        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": "1",
+               ALL_OUTPUT_ENV: "1" if all_output else "0",
+               PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
+        try:
+            # Started before any output thread, so the fork runs preexec_fn single-threaded.
+            processes.append(subprocess.Popen(
+                list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True, preexec_fn=_worker_set_up(namespace)))
+        except (OSError, subprocess.SubprocessError) as e:
+            _stop(processes)
+            reason = getattr(e, "strerror", None) or e
+            raise ConfigError(f"Cannot run {command[0]!r}: {reason}. Give a program on "
+                              "PATH or its path, e.g. -- python scripts/train.py.") from None
+    return processes
+
+
+def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.Lock) -> int:
+    """Waits for the workers: 0 when all succeed; the first failure stops the others and
+    returns its status; Ctrl-C or SIGTERM stops them all and raises :class:`_Interrupted`."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            for rank, p in enumerate(processes):
+                code = p.poll()
+                if code not in (None, 0):
+                    _stop(processes)
+                    status = 128 - code if code < 0 else code
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    with lock:
+                        out.write(f"launcher: worker {rank} {how}; stopped the other workers.\n")
+                    return status
+            if all(p.poll() == 0 for p in processes):
+                return 0
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        _stop(processes)
+        with lock:
+            out.write("launcher: interrupted; stopped every worker.\n")
+        raise _Interrupted from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,141 @@
+"""SLURM jobs: the cluster from the variables ``srun`` sets for each task, on CPU-only and GPU
+nodes alike.
+
+TensorFlow's ``SlurmClusterResolver`` reads the task layout from SLURM's variables, but on its
+own it fails on the nodes most users have:
+
+- without ``CUDA_VISIBLE_DEVICES`` it counts GPUs by running ``nvidia-smi``, which a CPU-only
+  node does not have (``FileNotFoundError``);
+- with no GPUs its allocation loop steps by zero GPUs per task (``ValueError``), or lists no
+  task at all;
+- every job starts its ports at 8888, so two jobs sharing a node take each other's ports.
+
+:func:`resolver` keeps TensorFlow's resolver (its host list and task layout, and its GPU
+allocation where each task gets GPUs of its own) and gives it what it cannot find itself: the
+node's GPU count (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi`` where it is installed, else
+none), one slot per task where tasks get no GPUs of their own, and a first port derived from
+the job and step ids. No TensorFlow at import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from tfpar.errors import ClusterError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+#: What ``srun`` sets for each task and the cluster is made of.
+STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+                  "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+# The ports jobs are spread over: a block of PORT_BLOCK ports per job (and step), one per task
+# on a node, from PORT_LOW.
+PORT_LOW = 15000
+PORT_HIGH = 65000
+PORT_BLOCK = 64
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Raises unless ``environ`` holds what ``srun`` sets for each task of a step.
+
+    Raises:
+        ClusterError: Naming the missing or malformed variables.
+    """
+    missing = [name for name in STEP_VARIABLES if not environ.get(name)]
+    if missing:
+        raise ClusterError(f"cluster source 'slurm' needs the variables srun sets for each task; "
+                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                           "set. Start every worker with srun (in an sbatch script: srun "
+                           "python scripts/train.py ...).")
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"):
+        if not environ[name].isdigit():
+            raise ClusterError(f"{name} must be a whole number. Received: {environ[name]!r}.")
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Expands SLURM's ``SLURM_STEP_TASKS_PER_NODE`` (``"2(x3),1"``: 2, 2, 2, 1).
+
+    Raises:
+        ClusterError: If ``text`` is not of that form.
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ClusterError("SLURM_STEP_TASKS_PER_NODE lists tasks per node as '2(x3),1'. "
+                               f"Received: {text!r}.")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def port_base(environ: Mapping[str, str], tasks_on_a_node: int) -> int:
+    """The first port of this job's tasks on each node, derived from the job and step ids, so
+    that jobs sharing a node use different ports (the same on every task of the job).
+
+    Args:
+        environ: The task's environment (``SLURM_JOB_ID``, optionally ``SLURM_STEP_ID``).
+        tasks_on_a_node: The most tasks of this step on one node.
+    """
+    block = max(PORT_BLOCK, tasks_on_a_node)
+    blocks = (PORT_HIGH - PORT_LOW) // block
+    step = environ.get("SLURM_STEP_ID", "0")
+    key = int(environ["SLURM_JOB_ID"]) * 7 + (int(step) if step.isdigit() else 0)
+    return PORT_LOW + (key % blocks) * block
+
+
+def gpus_on_node(environ: Mapping[str, str],
+                 which: Callable[[str], str | None] = shutil.which) -> int:
+    """How many GPUs this node shows the task: ``CUDA_VISIBLE_DEVICES`` when set, else what
+    ``nvidia-smi --list-gpus`` lists where it is installed, else none."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    program = which("nvidia-smi")
+    if program is None:
+        return 0
+    try:
+        listed = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
+                                timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0  # A driver that does not answer gives the task no GPU, as none would.
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def resolver(environ: Mapping[str, str] | None = None
+             ) -> tf.distribute.cluster_resolver.SlurmClusterResolver:
+    """TensorFlow's ``SlurmClusterResolver`` for this task, on CPU-only and GPU nodes.
+
+    Where the node has at least one GPU per task of the step on it, TensorFlow allocates them
+    (each task sees its own through ``CUDA_VISIBLE_DEVICES``). Otherwise every task keeps the
+    devices it sees: none (CPU-only nodes), or those SLURM already gave it.
+
+    Args:
+        environ: The task's environment (default: this process's).
+
+    Returns:
+        The resolver.
+
+    Raises:
+        ClusterError: If a variable ``srun`` sets is missing or malformed.
+    """
+    import tensorflow as tf
+
+    environ = os.environ if environ is None else environ
+    check_environment(environ)
+    per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
+    gpus = gpus_on_node(environ)
+    base = port_base(environ, per_node)
+    if gpus >= per_node:
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=base, gpus_per_node=gpus, gpus_per_task=gpus // per_node)
+    # One slot per task (the resolver hands out ports only alongside GPU slots), and nothing
+    # written to CUDA_VISIBLE_DEVICES.
+    return tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=base, gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
