@@ -9,8 +9,8 @@ import unittest.mock
 import tensorflow as tf
 
 from tfpar import env
-from tfpar import machine
 from tfpar import strategies
+from tfpar.host import machine
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 

@@ -104,6 +104,26 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.cluster.launcher.",
             "True True True"])
 
+    def test_the_host_modules_moved_with_a_warning(self):
+        code = ("import warnings\n"
+                "with warnings.catch_warnings(record=True) as caught:\n"
+                "    warnings.simplefilter('always', DeprecationWarning)\n"
+                "    import tfpar.machine, tfpar.thread_layouts\n"
+                "from tfpar.host import machine, thread_layouts\n"
+                "for w in caught:\n"
+                "    print(w.message)\n"
+                "print(tfpar.machine.cpu is machine.cpu,\n"
+                "      tfpar.thread_layouts.chosen is thread_layouts.chosen)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(result.stdout.splitlines(), [
+            "tfpar.machine is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.host.machine.",
+            "tfpar.thread_layouts is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.host.thread_layouts.",
+            "True True"])
+
 
 if __name__ == "__main__":
     tf.test.main()

@@ -19,8 +19,8 @@ from typing import Union
 import tensorflow as tf
 from absl import logging
 
-from tfpar import thread_layouts
 from tfpar.errors import DeviceError
+from tfpar.host import thread_layouts
 
 # Logical CPU devices are cheap but not free (each has its own allocator and executor).
 MAX_LOGICAL_CPUS = 64
@@ -132,7 +132,7 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
     one thread then take turns on that one thread (no faster than one device), and with more
     threads they fight over all cores. So when
     this function splits the CPU into ``n > 1`` devices it lays the threads out as this
-    machine kind was tuned to (``scripts/benchmark.py --tune``, :mod:`tfpar.thread_layouts`),
+    machine kind was tuned to (``scripts/benchmark.py --tune``, :mod:`tfpar.host.thread_layouts`),
     or else by default gives each device a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL=1``,
     unless that variable is set already) of ``cores // n`` intra-op threads, and ``n``
     inter-op threads to drive the replicas side by side. A logical device is then like one

@@ -16,12 +16,12 @@ import os
 import platform
 from typing import Any
 
-from tfpar import machine
-from tfpar import thread_layouts
 from tfpar.compat.versions import major_minor  # noqa: F401  (tfpar.env.major_minor)
-from tfpar.machine import cpu  # noqa: F401  (tfpar.env.cpu)
-from tfpar.machine import describe_cpu
-from tfpar.machine import package_version as _version
+from tfpar.host import machine
+from tfpar.host import thread_layouts
+from tfpar.host.machine import cpu  # noqa: F401  (tfpar.env.cpu)
+from tfpar.host.machine import describe_cpu
+from tfpar.host.machine import package_version as _version
 
 
 def _layout(num_devices: int) -> tuple[str, str]:

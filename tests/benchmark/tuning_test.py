@@ -8,11 +8,11 @@ from unittest import mock
 
 import tensorflow as tf
 
-from tfpar import thread_layouts
 from tfpar.benchmark import runner
 from tfpar.benchmark import tuning
 from tfpar.benchmark.configuration import Configuration
 from tfpar.benchmark.configuration import Measurement
+from tfpar.host import thread_layouts
 
 
 class TuneTest(tf.test.TestCase):

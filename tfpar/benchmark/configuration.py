@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfpar import strategies
-from tfpar import thread_layouts
+from tfpar.host import thread_layouts
 
 BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
 # N processes each training plain Keras alone on one device of ``threads_per_device`` threads

@@ -1,7 +1,7 @@
 """Tuning the thread layout to this machine: the candidate layouts
-(:func:`tfpar.thread_layouts.candidates`; for a multi-process strategy, the worker processes'
-:func:`tfpar.thread_layouts.worker_candidates`) timed for a model in paired, interleaved rounds,
-and the fastest stored for this machine kind (``scripts/benchmark.py --tune``).
+(:func:`tfpar.host.thread_layouts.candidates`; for a multi-process strategy, the worker
+processes' :func:`tfpar.host.thread_layouts.worker_candidates`) timed for a model in paired,
+interleaved rounds, and the fastest stored for this machine kind (``scripts/benchmark.py --tune``).
 
 The default layout is kept unless a candidate beats it by more than :data:`MARGIN` in the
 median of the per-round ratios: a machine whose speed drifts between rounds then changes
@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 
 from tfpar import strategies
-from tfpar import thread_layouts
 from tfpar.benchmark import runner
 from tfpar.benchmark.configuration import Configuration
 from tfpar.benchmark.configuration import Measurement
 from tfpar.benchmark.configuration import paired_ratio
+from tfpar.host import thread_layouts
 
 #: How much faster than the default (median of per-round ratios) a layout must be to be stored
 #: as the machine's choice.

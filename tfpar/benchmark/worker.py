@@ -35,7 +35,6 @@ import tensorflow as tf
 
 from tfpar import devices as devices_lib
 from tfpar import strategies
-from tfpar import thread_layouts
 from tfpar.allreduce import algorithms
 from tfpar.benchmark import flops
 from tfpar.benchmark.configuration import BASELINE
@@ -44,6 +43,7 @@ from tfpar.benchmark.configuration import Configuration
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import TfparError
+from tfpar.host import thread_layouts
 from tfpar.training import building
 
 # Every configuration trains SGD with momentum (the train command's default optimizer) at one

@@ -9,8 +9,8 @@ from unittest import mock
 
 import tensorflow as tf
 
-from tfpar import thread_layouts
-from tfpar.thread_layouts import ThreadLayout
+from tfpar.host import thread_layouts
+from tfpar.host.thread_layouts import ThreadLayout
 
 
 class ThreadLayoutsTest(tf.test.TestCase):
@@ -60,51 +60,48 @@ class ThreadLayoutsTest(tf.test.TestCase):
 
     def test_a_multi_worker_strategy_uses_the_layout_tuned_for_its_host(self):
         thread_layouts.store(thread_layouts.workers_key(2), ThreadLayout(1, inter_op_threads=1))
-        code = ("import json, os, sys, tensorflow as tf\n"
-                "from tfpar.strategies import multi_worker\n"
-                "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
-                "print(multi_worker._threads_tuned_for_the_host(resolver),\n"
+        code = ("import os, tensorflow as tf\n"
+                "from tfpar.cluster import spec\n"
+                "from tfpar.host import worker_threads\n"
+                "cluster, task_type, index = spec.parse_tf_config(os.environ['TF_CONFIG'])\n"
+                "print(worker_threads.set_threads(spec.tasks_on_host(cluster, task_type, index)),\n"
                 "      tf.config.threading.get_intra_op_parallelism_threads(),\n"
                 "      tf.config.threading.get_inter_op_parallelism_threads())\n")
         # Two workers on this host and one elsewhere: the layout tuned for 2 applies.
         tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223",
                                                        "10.0.0.9:2222"]},
                                 "task": {"type": "worker", "index": 1}})
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("TF_NUM_") and k != "OMP_NUM_THREADS"}
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=120, env={**env, "TF_CONFIG": tf_config})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertEqual(result.stdout.split(), ["True", "1", "1"])
+        self.assertEqual(result.stdout.split(), ["tuned", "1", "1"])
 
     def test_threads_the_user_set_or_a_lone_worker_keep_tensorflows_own(self):
-        from tfpar.strategies import multi_worker
+        from tfpar.host import worker_threads
 
         thread_layouts.store(thread_layouts.workers_key(2), ThreadLayout(1, inter_op_threads=1))
-
-        def resolver(*hosts):
-            return tf.distribute.cluster_resolver.SimpleClusterResolver(
-                tf.train.ClusterSpec({"worker": list(hosts)}), task_type="worker", task_id=0)
-
         threading = tf.config.threading
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("TF_NUM_") and k != "OMP_NUM_THREADS"}
         # This process's TensorFlow runs already: its thread calls are stood in for.
         with mock.patch.dict(os.environ, env, clear=True), \
                 mock.patch.object(threading, "get_intra_op_parallelism_threads", lambda: 0), \
                 mock.patch.object(threading, "get_inter_op_parallelism_threads", lambda: 0), \
                 mock.patch.object(threading, "set_intra_op_parallelism_threads") as set_intra:
-            for user_set, hosts, applied in (
-                    ({}, ("127.0.0.1:2222", "127.0.0.1:2223"), True),
-                    ({"TF_NUM_INTEROP_THREADS": "2"}, ("127.0.0.1:2222", "127.0.0.1:2223"),
-                     False),
-                    ({}, ("127.0.0.1:2222", "10.0.0.9:2222"), False)):  # Alone on its host.
+            for user_set, workers, source in (
+                    ({}, 2, "tuned"),
+                    ({"TF_NUM_INTEROP_THREADS": "2"}, 2, "kept"),
+                    ({}, 1, "kept"),  # Alone on its host.
+                    ({"OMP_NUM_THREADS": "3"}, 2, "budget")):
                 with mock.patch.dict(os.environ, user_set), \
                         mock.patch.object(threading, "set_inter_op_parallelism_threads"):
                     set_intra.reset_mock()
-                    self.assertEqual(multi_worker._threads_tuned_for_the_host(
-                        resolver(*hosts)), applied)
+                    self.assertEqual(worker_threads.set_threads(workers), source)
                     self.assertEqual(set_intra.call_args_list,
-                                     [mock.call(1)] if applied else [])
-            self.assertFalse(multi_worker._threads_tuned_for_the_host(None))
+                                     {"tuned": [mock.call(1)], "budget": [mock.call(3)]}.get(
+                                         source, []))
 
     def test_an_unreadable_store_means_the_default(self):
         with open(self.path, "w") as f:
