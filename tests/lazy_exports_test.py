@@ -104,16 +104,22 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.cluster.launcher.",
             "True True True"])
 
-    def test_the_host_modules_moved_with_a_warning(self):
+    def test_the_host_training_and_benchmark_modules_moved_with_a_warning(self):
         code = ("import warnings\n"
                 "with warnings.catch_warnings(record=True) as caught:\n"
                 "    warnings.simplefilter('always', DeprecationWarning)\n"
-                "    import tfpar.machine, tfpar.thread_layouts\n"
+                "    import tfpar.machine, tfpar.thread_layouts, tfpar.evaluation\n"
+                "    import tfpar.schedules, tfpar.benchmark.configuration\n"
                 "from tfpar.host import machine, thread_layouts\n"
+                "from tfpar.training import evaluation, schedules\n"
+                "from tfpar.benchmark import measurements\n"
                 "for w in caught:\n"
                 "    print(w.message)\n"
                 "print(tfpar.machine.cpu is machine.cpu,\n"
-                "      tfpar.thread_layouts.chosen is thread_layouts.chosen)\n")
+                "      tfpar.thread_layouts.chosen is thread_layouts.chosen,\n"
+                "      tfpar.evaluation.accuracy is evaluation.accuracy,\n"
+                "      tfpar.schedules.LinearWarmup is schedules.LinearWarmup,\n"
+                "      tfpar.benchmark.configuration.paired_ratio is measurements.paired_ratio)\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
@@ -122,7 +128,13 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.host.machine.",
             "tfpar.thread_layouts is deprecated and will be removed in tfpar 0.4.0: use "
             "tfpar.host.thread_layouts.",
-            "True True"])
+            "tfpar.evaluation is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.training.evaluation.",
+            "tfpar.schedules is deprecated and will be removed in tfpar 0.4.0: use "
+            "tfpar.training.schedules.",
+            "tfpar.benchmark.configuration is deprecated and will be removed in tfpar 0.4.0: "
+            "use tfpar.benchmark.measurements.",
+            "True True True True True"])
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from tfpar.benchmark import runner
 from tfpar.benchmark import tuning
-from tfpar.benchmark.configuration import Configuration
-from tfpar.benchmark.configuration import Measurement
+from tfpar.benchmark.measurements import Configuration
+from tfpar.benchmark.measurements import Measurement
 from tfpar.host import thread_layouts
 
 

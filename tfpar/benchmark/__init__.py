@@ -1,6 +1,6 @@
 """Throughput benchmark: steady-state images/s of configurations side by side, measured honestly.
 
-- :mod:`.configuration`: what is measured (configurations, sweeps, measurements, paired ratios);
+- :mod:`.measurements`: what is measured (configurations, sweeps, measurements, paired ratios);
 - :mod:`.runner`: runs each configuration in processes of its own, in interleaved rounds;
 - :mod:`.worker`: the program each of those processes runs;
 - :mod:`.report`: the table, CSV, JSON and PNG;
@@ -12,9 +12,9 @@ No TensorFlow at import except in :mod:`.worker` and :mod:`.flops`.
 from tfpar import lazy_exports
 
 lazy_exports.install(__name__, {
-    "BASELINE": "configuration", "CEILING": "configuration", "Configuration": "configuration",
-    "Measurement": "configuration", "configurations": "configuration",
-    "paired_ratio": "configuration",
+    "BASELINE": "measurements", "CEILING": "measurements", "Configuration": "measurements",
+    "Measurement": "measurements", "configurations": "measurements",
+    "paired_ratio": "measurements",
     "run": "runner",
     "table": "report", "plot": "report", "write_csv": "report", "write_json": "report",
 })

@@ -7,9 +7,9 @@ import statistics
 from collections.abc import Sequence
 
 from tfpar import atomic_io
-from tfpar.benchmark.configuration import BASELINE
-from tfpar.benchmark.configuration import Measurement
-from tfpar.benchmark.configuration import paired_ratio
+from tfpar.benchmark.measurements import BASELINE
+from tfpar.benchmark.measurements import Measurement
+from tfpar.benchmark.measurements import paired_ratio
 
 
 def _smallest(m: Measurement, measurements: Sequence[Measurement]) -> Measurement:

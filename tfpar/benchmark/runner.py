@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from tfpar.benchmark.configuration import CEILING
-from tfpar.benchmark.configuration import Configuration
-from tfpar.benchmark.configuration import Measurement
+from tfpar.benchmark.measurements import CEILING
+from tfpar.benchmark.measurements import Configuration
+from tfpar.benchmark.measurements import Measurement
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
 from tfpar.errors import ConfigError

@@ -25,9 +25,9 @@ import dataclasses
 
 from tfpar import strategies
 from tfpar.benchmark import runner
-from tfpar.benchmark.configuration import Configuration
-from tfpar.benchmark.configuration import Measurement
-from tfpar.benchmark.configuration import paired_ratio
+from tfpar.benchmark.measurements import Configuration
+from tfpar.benchmark.measurements import Measurement
+from tfpar.benchmark.measurements import paired_ratio
 from tfpar.host import thread_layouts
 
 #: How much faster than the default (median of per-round ratios) a layout must be to be stored

@@ -37,9 +37,9 @@ from tfpar import devices as devices_lib
 from tfpar import strategies
 from tfpar.allreduce import algorithms
 from tfpar.benchmark import flops
-from tfpar.benchmark.configuration import BASELINE
-from tfpar.benchmark.configuration import CEILING
-from tfpar.benchmark.configuration import Configuration
+from tfpar.benchmark.measurements import BASELINE
+from tfpar.benchmark.measurements import CEILING
+from tfpar.benchmark.measurements import Configuration
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import TfparError

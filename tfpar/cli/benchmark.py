@@ -13,7 +13,7 @@ from absl import flags
 from tfpar import atomic_io
 from tfpar import env
 from tfpar.allreduce.options import StepOptions
-from tfpar.benchmark import configuration
+from tfpar.benchmark import measurements as benchmark_measurements
 from tfpar.benchmark import report as benchmark_report
 from tfpar.benchmark import runner
 from tfpar.benchmark import tuning
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     if config.tune:
         _tune(config)
         return
-    sweep = configuration.configurations(
+    sweep = benchmark_measurements.configurations(
         config.strategies, config.num_devices, config.models, config.batch_size,
         config.threads_per_device, baseline=config.baseline, ceiling=config.ceiling,
         strategy_options=config.strategy_options,
@@ -70,7 +70,7 @@ def _tune(config: BenchmarkConfig) -> None:
     """Times the thread layouts of each device count above 1 and stores the fastest."""
     print(f"Machine: {env.describe_cpu()}")
     for count in sorted(n for n in set(config.num_devices) if n > 1):
-        base = configuration.Configuration(
+        base = benchmark_measurements.Configuration(
             config.strategies[0], count, config.models[0], config.batch_size,
             dtype=config.dtype, jit_compile=config.jit_compile,
             steps_per_execution=config.steps_per_execution, warmup_steps=config.warmup_steps)

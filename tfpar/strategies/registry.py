@@ -267,6 +267,7 @@ class StrategyChoice:
         if not isinstance(strategy, tf.distribute.Strategy):
             raise TypeError(f"The factory of strategy {self.name!r} returned {strategy!r}, not "
                             "a tf.distribute.Strategy.")
+        _fix_keras_for_foreign(self.name, strategy)
         _MADE[strategy] = Selection(self.entry, dict(self.options), device_set)
         return strategy
 
@@ -325,3 +326,21 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
         TypeError: If the factory does not return a strategy.
     """
     return choose(name, **options).build(devices)
+
+
+def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
+    """Deprecated: installs tfpar's Keras fixes for a factory's strategy of several replicas
+    that does not derive from :class:`tfpar.strategies.base.TfparStrategy` (which installs
+    them itself when it is built, and has ``common_refusals``). Removed in 0.4.0."""
+    import warnings
+
+    if hasattr(strategy, "common_refusals") or strategy.num_replicas_in_sync == 1:
+        return
+    from tfpar.compat import keras_fixes
+
+    warnings.warn(
+        f"The factory of strategy {name!r} returned a {type(strategy).__name__} that does not "
+        "derive from tfpar.strategies.base.TfparStrategy; tfpar.strategies.get installs tfpar's "
+        "Keras fixes for it until 0.4.0. Derive the class from TfparStrategy (before the "
+        "tf.distribute class) to keep them.", DeprecationWarning, stacklevel=3)
+    keras_fixes.install()

@@ -21,8 +21,6 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import devices as devices_lib
-from tfpar import evaluation
-from tfpar import schedules
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
@@ -35,6 +33,8 @@ from tfpar.data import pipelines
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
+from tfpar.training import evaluation
+from tfpar.training import schedules
 from tfpar.training.building import build_compiled_model
 from tfpar.training.building import check_compile_options
 from tfpar.training.building import replica_devices

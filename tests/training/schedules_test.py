@@ -5,8 +5,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfpar import schedules
 from tfpar import testing
+from tfpar.training import schedules
 from tfpar.training.config import TrainConfig
 
 

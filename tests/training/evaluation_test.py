@@ -4,9 +4,9 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfpar import evaluation
 from tfpar import models
 from tfpar import testing
+from tfpar.training import evaluation
 
 
 class AccuracyTest(testing.StrategyTestCase):

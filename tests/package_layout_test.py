@@ -1,0 +1,86 @@
+"""The package's shape: no module imports another that imports it back, directly or through
+others (every import counts: lazy, in functions, for type checkers). import-linter (run by CI)
+checks that no module imports from a layer above its own."""
+
+import ast
+import os
+import sys
+
+import tensorflow as tf
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfpar")
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Module name -> the tfpar modules it imports."""
+    modules = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].split(os.sep)
+                modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    imports = {}
+    for module, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        found = set()
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            found |= {n for n in names if n in modules and n != module}
+        imports[module] = found
+    return imports
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    sys.setrecursionlimit(10000)
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+class PackageLayoutTest(tf.test.TestCase):
+
+    def test_no_import_circle(self):
+        graph = module_imports()
+        self.assertGreater(len(graph), 50)
+        # A package's __init__ re-exporting its modules is not a circle of concepts.
+        graph = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in graph.items()}
+        self.assertEqual(cycles(graph), [])
+
+    def test_the_cycle_finder_finds_one(self):
+        self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}),
+                         [["a", "b", "c"]])
+
+
+if __name__ == "__main__":
+    tf.test.main()

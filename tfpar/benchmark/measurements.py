@@ -1,0 +1,254 @@
+"""What the benchmark measures: configurations, their measurements and paired ratios.
+
+A configuration is a strategy x device count x model (x dtype, XLA, steps per call, options);
+:func:`configurations` builds a sweep of them. A :class:`Measurement` holds one
+configuration's rounds. Ratios between configurations are *paired* (:func:`paired_ratio`): the
+median over rounds of the per-round ratio, so a machine that changes speed between rounds
+cancels out. No TensorFlow at import (the command line checks its flags with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from tfpar import strategies
+from tfpar.host import thread_layouts
+
+BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
+# N processes each training plain Keras alone on one device of ``threads_per_device`` threads
+# and 1/N of the global batch (a replica's share), side by side: data parallelism with no
+# communication at all, the most N devices can give.
+CEILING = "independent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """What one measured configuration trains, and on what.
+
+    Attributes:
+        strategy: Registry name, ``"keras"`` for plain Keras with no strategy, or
+            ``"independent"`` for ``num_devices`` plain Keras processes side by side.
+        options: Options of the registry entry, as ``(name, value)`` pairs.
+        num_devices: Replicas: logical devices in one process, or worker processes of one
+            device each for multi-process strategies (``multi_worker``).
+        model: Model name.
+        batch_size: Global batch size (over all replicas) of one forward and backward pass;
+            with ``accumulation_steps`` k among the options, each step (one update) trains k
+            such micro-batches (see :attr:`step_batch_size`).
+        threads_per_device: Intra-op threads of each device; ignored by ``"keras"``, which
+            keeps TensorFlow's defaults (every core).
+        dtype: Keras dtype policy.
+        jit_compile: Compile the step with XLA.
+        steps_per_execution: Steps per compiled call.
+        warmup_steps: Unmeasured steps after building (tracing, allocator warm-up).
+        image_shape: Synthetic image shape.
+        communication: ``False`` runs tfpar's all-reduce step without its all-reduce (a
+            measurement of the step's computation alone; see
+            ``tfpar.allreduce.without_communication``).
+        per_device_pools: Each logical device has an intra-op pool of its own (else one
+            shared pool); several devices in one process only.
+        inter_op_threads: Inter-op threads (``None``: one per device).
+    """
+
+    strategy: str
+    num_devices: int
+    model: str
+    batch_size: int
+    threads_per_device: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
+    dtype: str = "float32"
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+    warmup_steps: int = 3
+    image_shape: tuple[int, ...] = (28, 28, 1)
+    communication: bool = True
+    per_device_pools: bool = True
+    inter_op_threads: int | None = None
+
+    @property
+    def thread_layout(self) -> thread_layouts.ThreadLayout:
+        """The thread layout of each of its processes."""
+        return thread_layouts.ThreadLayout(self.threads_per_device, self.per_device_pools,
+                                           self.inter_op_threads)
+
+    @property
+    def num_processes(self) -> int:
+        """Processes this configuration runs as: one per device for ``"independent"`` and for
+        multi-process strategies (one worker per device), else one."""
+        if self.strategy == CEILING:
+            return self.num_devices
+        if self.strategy == BASELINE:
+            return 1
+        return self.num_devices if strategies.entry(self.strategy).multi_process else 1
+
+    @property
+    def step_batch_size(self) -> int:
+        """Images of one step (one update): ``batch_size`` times the accumulation steps."""
+        return self.batch_size * dict(self.options).get("accumulation_steps", 1)
+
+    @property
+    def label(self) -> str:
+        """The strategy with its options, e.g. ``allreduce(algorithm=ring)``."""
+        parts = [f"{k}={v}" for k, v in self.options] + (
+            [] if self.communication else ["no all-reduce"])
+        return f"{self.strategy}({','.join(parts)})" if parts else self.strategy
+
+    @property
+    def description(self) -> str:
+        """For progress lines, e.g. ``lenet mirrored on 2 device(s), 1 thread(s) each``."""
+        threads = ("default threads" if self.strategy == BASELINE
+                   else f"{self.threads_per_device} thread(s) each" if (
+                       self.per_device_pools and self.inter_op_threads is None)
+                   else self.thread_layout.describe(self.num_devices))
+        return f"{self.model} {self.strategy} on {self.num_devices} device(s), {threads}"
+
+    def to_json(self) -> str:
+        """The configuration as JSON (the worker's command-line argument)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Configuration:
+        """Inverse of :meth:`to_json`."""
+        fields = json.loads(text)
+        fields["image_shape"] = tuple(fields["image_shape"])
+        fields["options"] = tuple((k, tuple(v) if isinstance(v, list) else v)
+                                  for k, v in fields["options"])
+        return cls(**fields)
+
+
+@dataclasses.dataclass
+class Measurement:
+    """The images/s of one configuration over the measurement rounds.
+
+    Attributes:
+        configuration: What was measured.
+        devices: The replicas' devices (``worker:1/CPU:0`` for other workers' devices).
+        training_flops_per_image: FLOPs of one training step per image (see tfpar.benchmark.flops).
+        images_per_second: One figure per round.
+        all_reduce_seconds: Per round, the time of one all-reduce of the model's gradients
+            through the strategy alone: the communication in every step.
+        steal_fraction: Per round, the share of the machine's CPU time that the hypervisor
+            gave to other guests ("steal" in ``/proc/stat``) while the slice ran: where it is
+            high, the round measured a throttled machine, not the configuration.
+    """
+
+    configuration: Configuration
+    devices: list[str]
+    training_flops_per_image: int = 0
+    images_per_second: list[float] = dataclasses.field(default_factory=list)
+    all_reduce_seconds: list[float] = dataclasses.field(default_factory=list)
+    steal_fraction: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's registry name with its options (see ``Configuration.label``)."""
+        return self.configuration.label
+
+    @property
+    def model(self) -> str:
+        """The model's name."""
+        return self.configuration.model
+
+    @property
+    def best(self) -> float:
+        """Best (highest) images/s over the rounds."""
+        return max(self.images_per_second)
+
+    @property
+    def worst(self) -> float:
+        """Worst (lowest) images/s over the rounds."""
+        return min(self.images_per_second)
+
+    @property
+    def median(self) -> float:
+        """Median images/s over the rounds: the headline figure."""
+        return statistics.median(self.images_per_second)
+
+    @property
+    def all_reduce_share(self) -> float:
+        """Median over rounds of the all-reduce's share of a step's time."""
+        return statistics.median(
+            seconds * ips / self.configuration.step_batch_size
+            for seconds, ips in zip(self.all_reduce_seconds, self.images_per_second))
+
+    @property
+    def gflops_per_second(self) -> float:
+        """Achieved training GFLOP/s at the median images/s."""
+        return self.median * self.training_flops_per_image / 1e9
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the rounds, as a fraction."""
+        return (max(self.images_per_second) - min(self.images_per_second)) / self.median
+
+
+def paired_ratio(a: Measurement, b: Measurement) -> float:
+    """Median over rounds of ``a``'s images/s divided by ``b``'s in the same round."""
+    return statistics.median(x / y for x, y in zip(a.images_per_second, b.images_per_second))
+
+
+def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
+                   model_names: Sequence[str], batch_size: int,
+                   threads_per_device: int | None = None, baseline: bool = False,
+                   ceiling: bool = False,
+                   strategy_options: Mapping[str, Sequence[Any]] | None = None,
+                   communication_share: bool = False, **options) -> list[Configuration]:
+    """The sweep: every model x strategy (x its options) x device count, plain Keras first.
+
+    Args:
+        strategy_names: Registry names.
+        device_counts: Device counts (worker counts for multi-process strategies).
+        model_names: Model names.
+        batch_size: Global batch size, the same for every configuration.
+        threads_per_device: Intra-op threads of each device. ``None``: the cores divided by
+            the largest device count, so every device of every configuration has the same share
+            (with 2 cores and counts 1, 2: one core each, and "2 / 1" is scaling from one core
+            to two).
+        baseline: Also plain Keras with no strategy on TensorFlow's default threads (all cores):
+            ``vs keras`` is then a comparison on the same cores.
+        ceiling: Also ``"independent"`` for every device count: that many processes
+            training alone, side by side, one device and a replica's share of the batch each;
+            their total images/s is what the machine gives that many devices with no
+            communication, the ceiling of any strategy.
+        strategy_options: Option name to the values to sweep, e.g. ``{"algorithm": ["ring",
+            "naive"]}``: every strategy whose registry entry takes an option is measured once
+            per combination of the values given for its options.
+        communication_share: Also every configuration of an entry that runs tfpar's
+            all-reduce step (its options include ``accumulation_steps``) without the
+            all-reduce, so the table shows the communication's share of a step in context.
+        **options: More :class:`Configuration` fields (dtype, jit_compile, ...).
+
+    Returns:
+        The configurations, in the order they are started and measured.
+    """
+    if threads_per_device is None:
+        threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
+    sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
+             for m in model_names] if baseline else []
+    pairs = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
+    variants: list[tuple[str, tuple, bool]] = [(s, o, True) for s, o in pairs] + (
+        [(s, o, False) for s, o in pairs if _runs_the_allreduce_step(s)]
+        if communication_share else [])
+    variants += [(CEILING, (), True)] if ceiling else []
+    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o,
+                                  communication=c, **options)
+                    for m in model_names for s, o, c in variants for n in device_counts]
+
+
+def _runs_the_allreduce_step(strategy: str) -> bool:
+    return "accumulation_steps" in strategies.entry(strategy).options()
+
+
+def _option_sets(strategy: str, values: Mapping[str, Sequence[Any]]
+                 ) -> list[tuple[tuple[str, Any], ...]]:
+    """Every combination of the swept values of the options ``strategy``'s entry takes."""
+    taken = [name for name in strategies.entry(strategy).options() if name in values]
+    return [tuple(zip(taken, combination))
+            for combination in itertools.product(*(values[name] for name in taken))]
