@@ -22,6 +22,8 @@ PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "
                                                                          "*.md"),
                                                             recursive=True))]
 MARKED = re.compile(r"<!-- test: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
+# A marked diff runs as its "after" side (its context and added lines).
+MARKED_DIFF = re.compile(r"<!-- test: (\w+) -->\n```diff\n(.*?)```", re.DOTALL)
 SCRIPTS = {script: module for script, module in flag_reference.PROGRAMS.items()
            if not script.startswith("tfpar-")}
 
@@ -35,7 +37,11 @@ def marked_blocks() -> dict[str, str]:
     """Every marked python block of the pages, by name."""
     blocks = {}
     for page in PAGES:
-        for name, code in MARKED.findall(read(page)):
+        found = MARKED.findall(read(page)) + [
+            (name, "".join(line[1:] + "\n" for line in diff.splitlines()
+                           if line[:1] in (" ", "+")))
+            for name, diff in MARKED_DIFF.findall(read(page))]
+        for name, code in found:
             assert name not in blocks, f"two blocks are marked {name}"
             blocks[name] = code
     return blocks
@@ -82,24 +88,40 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertRegex(result.stderr, r"OK \(skipped=\d+\)")
 
-    @parameterized.parameters("allreduce_options", "epoch_checkpoint", "own_steps")
+    @parameterized.parameters("allreduce_options", "epoch_checkpoint", "own_steps",
+                              "tutorial_one_device", "tutorial_two_devices")
     def test_guide_block(self, name):
         result = run_python(block(name), self.get_temp_dir())
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
 
+    @classmethod
+    def defined_flags(cls) -> dict[str, set[str]]:
+        """Each script's flags, as its program defines them."""
+        if not hasattr(cls, "_defined"):
+            cls._defined = {}
+            for script, module in SCRIPTS.items():
+                listing = subprocess.run(
+                    [sys.executable, "-c", f"import {module}; from absl import flags; "
+                     "print(' '.join(flags.FLAGS))"], capture_output=True, text=True,
+                    timeout=60)
+                cls._defined[script] = set(listing.stdout.split())
+        return cls._defined
+
     def test_shell_commands_use_flags_their_script_defines(self):
         commands = []
         for page in PAGES:
-            for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", read(page), re.DOTALL):
+            text = read(page)
+            for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", text, re.DOTALL):
                 joined = shell.replace("\\\n", " ")
                 commands += re.findall(r"scripts/(train|benchmark|launch)\.py([^\n]*)", joined)
+            # Commands written inline in the prose, in backticks, over line breaks too.
+            prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+            for span in re.findall(r"`([^`]*scripts/(?:train|benchmark|launch)\.py[^`]*)`",
+                                   prose):
+                commands += re.findall(r"scripts/(train|benchmark|launch)\.py([^`]*)",
+                                       span.replace("\n", " "))
         self.assertGreater(len(commands), 5)
-        defined = {}
-        for script, module in SCRIPTS.items():
-            listing = subprocess.run(
-                [sys.executable, "-c", f"import {module}; from absl import flags; "
-                 "print(' '.join(flags.FLAGS))"], capture_output=True, text=True, timeout=60)
-            defined[script] = set(listing.stdout.split())
+        defined = self.defined_flags()
         # The quickstart's table of the train command's flags.
         for row in re.findall(r"^\| (`--.*?) \|", read(os.path.join(ROOT, "docs", "guide",
                                                                    "quickstart.md")), re.M):
@@ -110,6 +132,26 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                 known = flag in defined[script] or (flag.startswith("no")
                                                     and flag[2:] in defined[script])
                 self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
+
+    def test_flags_named_in_the_prose_exist(self):
+        # Any `--flag` in the prose names a flag of one of tfpar's programs, or of the few
+        # other tools the pages run.
+        examples = set()
+        for example in glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True):
+            examples |= set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", read(example)))
+        known = set().union(*self.defined_flags().values()) | examples | {
+            "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
+            "requeue", "gpus_per_task",  # sbatch
+            "tfpar_devices",  # tfpar's pytest plugin
+            "strict"}  # mkdocs build
+        unknown = []
+        for page in PAGES:
+            prose = re.sub(r"```.*?```", "", read(page), flags=re.DOTALL)
+            for flag in re.findall(r"`[^`]*?--([a-z][\w-]*)", prose):
+                name = flag.replace("-", "_")
+                if name not in known and not (name.startswith("no") and name[2:] in known):
+                    unknown.append(f"{os.path.relpath(page, ROOT)}: --{flag}")
+        self.assertEqual(unknown, [])
 
     def test_registry_tables_name_options_their_entries_take(self):
         checked = 0
@@ -124,6 +166,23 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                   f"{page}: {name!r} has no option {option!r}")
                 checked += len(named)
         self.assertGreaterEqual(checked, 20)
+
+    def test_guides_hold_no_measurement_or_development_story(self):
+        # Figures belong on the benchmarks page (per machine kind, with their command); the
+        # guides say what to do and why. Example output in code blocks is not prose.
+        story = re.compile(
+            r"\b[Mm]easured (on|with|through|in|at|again)\b|\b\d+(\.\d+)?x\b|"
+            r"\b\d+(\.\d+)? ?ms\b|\b\d[\d,.]* images/s\b|\bseeds? \d|\bfirst trace\b|"
+            r"\b\d+ runs? in \d+\b|development machine|\bthe seeds\b")
+        guides = [p for p in PAGES if os.sep + "docs" + os.sep in p
+                  and os.path.basename(p) not in ("benchmarks.md", "changelog.md")]
+        self.assertGreater(len(guides), 10)
+        found = []
+        for page in guides + [os.path.join(ROOT, "README.md")]:
+            prose = re.sub(r"```.*?```", "", read(page), flags=re.DOTALL)
+            found += [f"{os.path.relpath(page, ROOT)}: {m.group(0)!r}"
+                      for m in story.finditer(prose)]
+        self.assertEqual(found, [])
 
     def test_the_flag_reference_is_what_the_programs_define(self):
         # Generated from the flags, which come from the config classes: a flag added, renamed

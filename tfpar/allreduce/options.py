@@ -61,8 +61,8 @@ class StepOptions:
         split_weights: Per-device shares of each batch, e.g. 3,1 for a fast and a slow device
             (an even split if unset).
         gradient_compression: The dtype gradients travel in (fp16, bf16: half the bytes),
-            cast back to float32 after the all-reduce; they are divided by the global example
-            count first, so they are in range.
+            cast back to float32 after the all-reduce; with fp16 they are divided by the
+            global example count first, to stay in its range (bf16 has float32's range).
         accumulation_steps: Each update trains this many micro-batches of the batch size,
             one after the other, with one all-reduce: exactly one step on a batch this many
             times larger, with as many times fewer all-reduces (and the activations of one
