@@ -154,7 +154,7 @@ def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]
     return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
 
-def train_step(model: keras.Model, options: StepOptions, data) -> dict[str, Any]:
+def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str, Any]:
     """One exact data-parallel training step on this replica's shard (a replica context).
 
     The order of work, so that communication hides behind computation::

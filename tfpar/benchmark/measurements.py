@@ -199,7 +199,7 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
                    threads_per_device: int | None = None, baseline: bool = False,
                    ceiling: bool = False,
                    strategy_options: Mapping[str, Sequence[Any]] | None = None,
-                   communication_share: bool = False, **options) -> list[Configuration]:
+                   communication_share: bool = False, **options: Any) -> list[Configuration]:
     """The sweep: every model x strategy (x its options) x device count, plain Keras first.
 
     Args:

@@ -10,6 +10,7 @@ import importlib
 import inspect
 import pkgutil
 from typing import TYPE_CHECKING
+from typing import Any
 
 from tfpar.errors import RegistryError
 
@@ -59,7 +60,7 @@ def options(name: str) -> list[str]:
 
 
 def build(name: str, *, num_classes: int, input_shape: tuple[int, ...],
-          **kwargs) -> keras.Model:
+          **kwargs: Any) -> keras.Model:
     """Builds the named model.
 
     Args:

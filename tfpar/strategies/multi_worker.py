@@ -4,6 +4,8 @@ connected) for the ``multi_worker`` and ``multi_worker_allreduce`` entries."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from tfpar import devices as devices_lib
@@ -28,7 +30,7 @@ class MultiWorkerStrategy(TfparStrategy, tf.distribute.MultiWorkerMirroredStrate
 
 
 def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWorkerOptions,
-         bytes_per_pack: int = 0, **extra) -> tf.distribute.Strategy:
+         bytes_per_pack: int = 0, **extra: Any) -> tf.distribute.Strategy:
     """Checks the options against the devices, waits for the cluster, builds the strategy.
 
     Args:

@@ -1,0 +1,113 @@
+"""The API reference (docs/api.md) against the package: every name a public package exports is
+documented, and every ``tfpar.`` name the docs use exists and is public (not private, not a
+deprecated alias)."""
+
+import ast
+import glob
+import importlib
+import os
+import re
+
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PUBLIC_PACKAGES = ("tfpar.strategies", "tfpar.data", "tfpar.models", "tfpar.training",
+                   "tfpar.callbacks", "tfpar.testing", "tfpar.benchmark", "tfpar.allreduce")
+# Public modules (not packages): every public function and class they define.
+PUBLIC_MODULES = ("tfpar.devices", "tfpar.errors", "tfpar.ray", "tfpar.host.thread_layouts",
+                  "tfpar.training.evaluation", "tfpar.training.schedules",
+                  "tfpar.strategies.mirrored", "tfpar.strategies.central_storage",
+                  "tfpar.strategies.one_device", "tfpar.strategies.allreduce",
+                  "tfpar.strategies.multi_worker", "tfpar.strategies.multi_worker_options",
+                  "tfpar.strategies.cross_device_ops", "tfpar.benchmark.config")
+DEPRECATED = ("tfpar.multiworker", "tfpar.machine", "tfpar.thread_layouts", "tfpar.evaluation",
+              "tfpar.schedules", "tfpar.benchmark.configuration", "tfpar.keras_fixes")
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def documented() -> dict[str, set[str] | None]:
+    """Module -> the members docs/api.md lists for it (``None``: all of them)."""
+    text = read(os.path.join(ROOT, "docs", "api.md"))
+    found: dict[str, set[str] | None] = {}
+    for module, options in re.findall(r"^::: ([\w.]+)\n((?:    .*\n)*)", text, re.M):
+        members = re.search(r"members: \[(.*?)\]", options)
+        found[module] = set(re.split(r",\s*", members.group(1))) if members else None
+    return found
+
+
+def exports(package: str) -> dict[str, str]:
+    """A public package's exported names -> the module that defines each."""
+    module = importlib.import_module(package)
+    source = read(module.__file__)
+    names = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "install" \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Dict):
+            for key, value in zip(node.args[1].keys, node.args[1].values):
+                names[key.value] = f"{package}.{value.value}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            for alias in node.names:
+                names[alias.asname or alias.name] = node.module
+    for name in getattr(module, "__all__", ()):
+        names.setdefault(name, package)  # Defined in the package's own __init__.
+    return {name: where for name, where in names.items()
+            if name in getattr(module, "__all__", names) and not name.startswith("_")}
+
+
+def defined_in(module_name: str) -> set[str]:
+    module = importlib.import_module(module_name)
+    return {name for name, value in vars(module).items()
+            if not name.startswith("_") and callable(value)
+            and getattr(value, "__module__", None) == module_name}
+
+
+class ApiDocsTest(tf.test.TestCase):
+
+    def test_every_exported_name_is_in_the_reference(self):
+        docs = documented()
+        missing = []
+        wanted = [(where, name) for package in PUBLIC_PACKAGES
+                  for name, where in exports(package).items()]
+        wanted += [(module, name) for module in PUBLIC_MODULES for name in defined_in(module)]
+        self.assertGreater(len(wanted), 80)
+        for where, name in wanted:
+            if importlib.util.find_spec(where) is None:  # A name re-exported from a module.
+                continue
+            members = docs.get(where, set())
+            if members is not None and name not in members:
+                missing.append(f"{where}.{name}")
+        self.assertEqual(sorted(missing), [])
+
+    def test_the_names_the_docs_use_are_public(self):
+        pages = [os.path.join(ROOT, "README.md"),
+                 *glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)]
+        bad = []
+        for page in pages:
+            if page.endswith("changelog.md"):
+                continue
+            for name in set(re.findall(r"\btfpar(?:\.\w+)+", read(page))):
+                if any(name == d or name.startswith(d + ".") for d in DEPRECATED) or \
+                        any(part.startswith("_") for part in name.split(".")):
+                    bad.append(f"{os.path.relpath(page, ROOT)}: {name}")
+                    continue
+                parts = name.split(".")
+                for cut in range(len(parts), 0, -1):  # The longest importable module.
+                    try:
+                        value = importlib.import_module(".".join(parts[:cut]))
+                        break
+                    except ImportError:
+                        continue
+                try:
+                    for part in parts[cut:]:
+                        value = getattr(value, part)
+                except AttributeError:
+                    bad.append(f"{os.path.relpath(page, ROOT)}: {name}")
+        self.assertEqual(sorted(bad), [])
+
+
+if __name__ == "__main__":
+    tf.test.main()
