@@ -4,6 +4,7 @@ checks that no module imports from a layer above its own."""
 
 import ast
 import os
+import re
 import sys
 
 import tensorflow as tf
@@ -76,6 +77,18 @@ class PackageLayoutTest(tf.test.TestCase):
         # A package's __init__ re-exporting its modules is not a circle of concepts.
         graph = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in graph.items()}
         self.assertEqual(cycles(graph), [])
+
+    def test_no_word_users_never_learned(self):
+        # "The seeds" was the developers' name for the chapters tfpar comes from; docstrings
+        # and --help texts are read by users.
+        found = []
+        for folder, _, files in os.walk(PACKAGE):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), encoding="utf-8") as f:
+                        if re.search(r"\b[Tt]he seeds\b|\bseeds'", f.read()):
+                            found.append(os.path.join(folder, name))
+        self.assertEqual(found, [])
 
     def test_the_cycle_finder_finds_one(self):
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}),

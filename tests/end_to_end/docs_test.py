@@ -133,6 +133,16 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                                     and flag[2:] in defined[script])
                 self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
 
+    def test_every_install_command_keeps_the_tests_runnable(self):
+        # An install offered "instead" of the README's must still install what the README's
+        # test command needs.
+        installs = [(page, extras) for page in PAGES
+                    for extras in re.findall(r'pip install -e "\.\[([\w,]+)\]"', read(page))]
+        self.assertNotEmpty(installs)
+        for page, extras in installs:
+            if "cuda" in extras.split(","):
+                self.assertIn("test", extras.split(","), f"{page}: .[{extras}]")
+
     def test_flags_named_in_the_prose_exist(self):
         # Any `--flag` in the prose names a flag of one of tfpar's programs, or of the few
         # other tools the pages run.
