@@ -32,7 +32,9 @@ def _fields(cls: type, exclude: Iterable[str]) -> list[dataclasses.Field]:
 def _kind(hint: Any) -> tuple[type, bool]:
     """``(scalar type, is a list)`` of a field's type hint (``None`` in a union dropped)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        # A number or a word (e.g. an int or "auto"): a string flag the class converts.
+        hint = str if str in kinds else kinds[0]
     if typing.get_origin(hint) is tuple:
         return typing.get_args(hint)[0], True
     return hint, False
@@ -84,8 +86,8 @@ def define(cls: type, *, exclude: Iterable[str] = (), module_name: str | None = 
             flags.DEFINE_float(name, default, text, flag_values=flag_values,
                                module_name=module_name)
         else:
-            flags.DEFINE_string(name, default, text, flag_values=flag_values,
-                                module_name=module_name)
+            flags.DEFINE_string(name, None if default is None else str(default), text,
+                                flag_values=flag_values, module_name=module_name)
         names.append(name)
     return names
 

@@ -12,4 +12,5 @@ lazy_exports.install(__name__, {
     "build_compiled_model": "building", "check_compile_options": "building",
     "replica_devices": "building",
     "RunResult": "run", "train_on_devices": "run", "train_each": "run",
+    "Recommendation": "recommendations", "recommend": "recommendations",
 })

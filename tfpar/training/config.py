@@ -20,6 +20,8 @@ from tfpar.strategies.registry import StrategyChoice
 
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
+# What the train command also takes: chosen for the hardware (tfpar.training.recommendations).
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +62,12 @@ class TrainConfig:
             scratch and overwrites it).
         deterministic: Deterministic TensorFlow ops: with ``seed``, two runs on the same device
             set give identical weights and accuracy (slower on GPUs).
-        dtype: Keras dtype policy; mixed_float16 trains with dynamic loss scaling.
+        dtype: Keras dtype policy; mixed_float16 trains with dynamic loss scaling; auto:
+            mixed_bfloat16 where the hardware computes bfloat16 natively (AMX-BF16,
+            AVX512-BF16, GPUs from compute capability 8.0), else float32, said in one line.
         jit_compile: Compile the training step with XLA (one CPU device, or GPUs).
-        steps_per_execution: Training steps per compiled call.
+        steps_per_execution: Training steps per compiled call; auto: what
+            scripts/benchmark.py --tune found faster on this machine kind (1 if not tuned).
         profile_steps: first,last steps to trace for TensorBoard's profiler, e.g. 10,15.
         profile_dir: Where ``profile_steps`` writes the trace.
         logdir: Write TensorBoard logs here, one run per device set
@@ -91,9 +96,9 @@ class TrainConfig:
     model_dir: str | None = None
     resume: bool = True
     deterministic: bool = False
-    dtype: str = field("float32", choices=DTYPES)
+    dtype: str = field("float32", choices=(*DTYPES, AUTO))
     jit_compile: bool = False
-    steps_per_execution: int = 1
+    steps_per_execution: int | str = 1
     profile_steps: tuple[int, int] | None = None
     profile_dir: str = "tfpar_profile"
     logdir: str | None = None
@@ -116,8 +121,12 @@ class TrainConfig:
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
-        _check(isinstance(self.steps_per_execution, int) and self.steps_per_execution >= 1,
-               "steps_per_execution", f"{{argument}} must be an integer >= 1. "
+        if isinstance(self.steps_per_execution, str) and self.steps_per_execution.isdigit():
+            object.__setattr__(self, "steps_per_execution", int(self.steps_per_execution))
+        _check(self.steps_per_execution == AUTO or (
+            isinstance(self.steps_per_execution, int) and not isinstance(
+                self.steps_per_execution, bool) and self.steps_per_execution >= 1),
+               "steps_per_execution", f"{{argument}} must be an integer >= 1 or 'auto'. "
                f"{received}{self.steps_per_execution!r}.")
         _check(self.profile_steps is None or (len(self.profile_steps) == 2
                                               and 1 <= self.profile_steps[0]

@@ -34,10 +34,12 @@ from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
 from tfpar.training import evaluation
+from tfpar.training import recommendations
 from tfpar.training import schedules
 from tfpar.training.building import build_compiled_model
 from tfpar.training.building import check_compile_options
 from tfpar.training.building import replica_devices
+from tfpar.training.config import AUTO
 from tfpar.training.config import TrainConfig
 
 
@@ -104,6 +106,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     """
     device_set = devices_lib.resolve(devices)
     strategy = strategy or config.choice.build(device_set)
+    config = _chosen_for_the_machine(config, device_set, strategy)
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
@@ -223,7 +226,7 @@ def _compiled_model(config: TrainConfig, device_set: devices_lib.DeviceSet,
         config.model, splits.image_shape, splits.num_classes, strategy,
         lambda: _optimizer(config, lr, config.warmup_start(len(device_set)), warmup_steps),
         dtype=config.dtype, jit_compile=config.jit_compile,
-        steps_per_execution=config.steps_per_execution, sync_batchnorm=config.sync_batchnorm)
+        steps_per_execution=int(config.steps_per_execution), sync_batchnorm=config.sync_batchnorm)
     loading.check_image_shape(splits, model.input_shape[1:])
     return model
 
@@ -261,7 +264,7 @@ def _training_data(config: TrainConfig, splits: loading.Splits, batch_size: int,
     ``callbacks`` tells the data which epoch it is). ``shuffle=False``: the order is the
     data's own (Keras would warn that it ignores shuffle).
     """
-    if steps_per_epoch % config.steps_per_execution == 0:
+    if steps_per_epoch % int(config.steps_per_execution) == 0:
         return (pipelines.epoch_stream(splits.train, splits.num_train, batch_size,
                                        seed=config.seed, first_epoch=initial_epoch),
                 dict(steps_per_epoch=steps_per_epoch, shuffle=False))
@@ -306,6 +309,32 @@ def _resume_point(config: TrainConfig, checkpoint: EpochCheckpoint | None) -> st
         return f"No epoch had finished; {checkpoint.directory} holds nothing to resume from."
     return (f"Epoch {done} is the last saved in {checkpoint.directory}: run the same command "
             "on every worker to resume from it.")
+
+
+def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceSet,
+                            strategy: tf.distribute.Strategy) -> TrainConfig:
+    """``config`` with its ``"auto"`` precision and steps per call chosen for this machine
+    (:mod:`tfpar.training.recommendations`), said in one line by the chief."""
+    auto_dtype, auto_steps = config.dtype == AUTO, config.steps_per_execution == AUTO
+    if not (auto_dtype or auto_steps):
+        return config
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    workers = (cluster_spec.tasks_on_host(spec, resolver.task_type, resolver.task_id)
+               if resolver is not None and spec else 1)
+    changes: dict[str, Any] = {}
+    said = []
+    if auto_dtype:
+        changes["dtype"], why = recommendations.precision(
+            {name.split(":")[0] for name in device_set})
+        said.append(f"precision {changes['dtype']} ({why})")
+    if auto_steps:
+        changes["steps_per_execution"], why = recommendations.steps_per_call(
+            len(device_set), workers)
+        said.append(f"{changes['steps_per_execution']} step(s) per compiled call ({why})")
+    if cluster_spec.is_chief(strategy):
+        print(f"Chosen for this machine: {'; '.join(said)}.", flush=True)
+    return dataclasses.replace(config, strategy=config.choice, **changes)
 
 
 def run_folder(root: str, strategy_name: str, num_devices: int) -> str:

@@ -1,0 +1,134 @@
+"""What this machine recommends for a training run: the precision (Keras's ``mixed_bfloat16``
+where the hardware computes bfloat16 natively, float32 elsewhere) and the steps per compiled
+call (what ``scripts/benchmark.py --tune`` found on this machine kind), each with its reason.
+
+The train command's ``--dtype=auto`` and ``--steps_per_execution=auto`` use it; in your own
+code, :func:`recommend` returns the same as a value::
+
+    advice = tfpar.training.recommend(devices=2)
+    advice.apply_policy()                       # keras.mixed_precision.set_global_policy
+    model.compile(..., **advice.compile_arguments())
+
+On a CPU, bfloat16 is native where oneDNN can use AMX-BF16 or AVX512-BF16
+(:func:`tfpar.host.machine.cpu`, read from the CPU's flags at run time, so two machines of one
+model that differ in their flags get different advice); on GPUs, from compute capability 8.0
+(Ampere). Elsewhere ``mixed_bfloat16`` is emulated and slower than float32, which TensorFlow's
+mixed-precision guide says too, so the advice stays float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfpar.host import machine
+from tfpar.host import thread_layouts
+
+# A stored steps-per-call speedup below this is noise, not a gain (the tuning's own rule).
+_MIN_GAIN = 1.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    """A precision and steps per compiled call for a run on some devices, with the reasons.
+
+    Attributes:
+        dtype_policy: Keras's dtype policy (``"mixed_bfloat16"`` or ``"float32"``).
+        steps_per_execution: Training steps per compiled call.
+        reasons: One sentence per choice, for the user.
+    """
+
+    dtype_policy: str
+    steps_per_execution: int
+    reasons: tuple[str, ...]
+
+    def compile_arguments(self) -> dict[str, Any]:
+        """The arguments to add to ``model.compile``."""
+        return {"steps_per_execution": self.steps_per_execution}
+
+    def apply_policy(self) -> None:
+        """Sets Keras's global dtype policy (build the model afterwards)."""
+        import keras
+
+        keras.mixed_precision.set_global_policy(self.dtype_policy)
+
+
+def precision(device_types: set[str], gpu_capabilities: list[tuple[int, int]] | None = None,
+              cpu_bfloat16: str | None = None) -> tuple[str, str]:
+    """The dtype policy for devices of ``device_types`` and why.
+
+    Args:
+        device_types: ``{"CPU"}`` or ``{"GPU"}`` (a mix gets float32).
+        gpu_capabilities: The GPUs' compute capabilities (read from TensorFlow if ``None``).
+        cpu_bfloat16: :func:`tfpar.host.machine.cpu`'s ``native_bfloat16`` (read if ``None``).
+
+    Returns:
+        ``(policy, reason)``.
+    """
+    if device_types == {"GPU"}:
+        capabilities = gpu_capabilities if gpu_capabilities is not None else _gpu_capabilities()
+        if capabilities and all(c >= (8, 0) for c in capabilities):
+            return "mixed_bfloat16", ("the GPUs run bfloat16 natively (compute capability "
+                                      f"{min(capabilities)[0]}.{min(capabilities)[1]})")
+        return "float32", ("a GPU below compute capability 8.0 would emulate bfloat16, slower "
+                           "than float32")
+    if device_types == {"CPU"}:
+        native = cpu_bfloat16 if cpu_bfloat16 is not None else machine.cpu()["native_bfloat16"]
+        if native.startswith("yes"):
+            return "mixed_bfloat16", f"this CPU runs bfloat16 natively {native[4:]}".rstrip()
+        return "float32", ("this CPU has no native bfloat16 (no AMX-BF16 or AVX512-BF16 in "
+                           "its flags, or oneDNN capped below them): mixed_bfloat16 would be "
+                           "slower than float32")
+    return "float32", "devices of several kinds"
+
+
+def steps_per_call(num_devices: int, workers: int = 1) -> tuple[int, str]:
+    """The steps per compiled call ``--tune`` found faster on this machine kind, and why.
+
+    Args:
+        num_devices: Devices of the process.
+        workers: Worker processes on this host (a multi-worker job), or 1.
+    """
+    key = thread_layouts.workers_key(workers) if workers > 1 else num_devices
+    record = thread_layouts.stored(key) or {}
+    gains = {int(k): float(v) for k, v in record.get("steps_per_execution", {}).items()}
+    best = max(gains, key=gains.__getitem__, default=None)
+    if best is not None and gains[best] >= _MIN_GAIN:
+        return best, (f"{best} steps per compiled call ran {gains[best]:.2f}x faster when "
+                      "tuned on this machine kind")
+    if record:
+        return 1, "tuning on this machine kind found no gain from several steps per call"
+    return 1, ("not tuned on this machine kind (scripts/benchmark.py --tune times several "
+               "steps per call)")
+
+
+def recommend(devices: Any = 1, *, workers: int = 1) -> Recommendation:
+    """Returns the precision and steps per compiled call recommended here.
+
+    Args:
+        devices: A device set, a count or device names (as :func:`tfpar.devices.resolve`);
+            resolving a count splits the CPU, so call it where you would get the strategy.
+        workers: Worker processes of a multi-worker job on this host, or 1.
+
+    Returns:
+        The :class:`Recommendation`.
+    """
+    from tfpar import devices as devices_lib
+
+    device_set = devices_lib.resolve(devices)
+    kinds = {name.split(":")[0] for name in device_set}
+    policy, why_policy = precision(kinds)
+    steps, why_steps = steps_per_call(len(device_set), workers)
+    return Recommendation(policy, steps, (f"{policy}: {why_policy}",
+                                          f"steps_per_execution={steps}: {why_steps}"))
+
+
+def _gpu_capabilities() -> list[tuple[int, int]]:
+    import tensorflow as tf
+
+    found = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if capability:
+            found.append(tuple(capability))
+    return found
