@@ -12,7 +12,9 @@ from tfpar.benchmark import runner
 from tfpar.benchmark import tuning
 from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
+from tfpar.host import machine
 from tfpar.host import thread_layouts
+from tfpar.training import recommendations
 
 
 class TuneTest(tf.test.TestCase):
@@ -22,6 +24,9 @@ class TuneTest(tf.test.TestCase):
         self.path = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "layouts.json")
         self.enter_context(mock.patch.dict(os.environ, {thread_layouts.TUNING_FILE_ENV: self.path}))
         self.swept: list[Configuration] = []
+        # A CPU without native bfloat16 unless a test says otherwise: no precision probe.
+        self.cpu = self.enter_context(mock.patch.object(
+            machine, "cpu", return_value={**machine.cpu(), "native_bfloat16": "no"}))
 
     def tune(self, strategy: str, rates: list[float], steps: int = 20) -> tuning.Tuned:
         """Tunes ``strategy`` on 2 devices, the i-th configuration timed at ``rates[i]``."""
@@ -69,6 +74,28 @@ class TuneTest(tf.test.TestCase):
         text = "\n".join(tuned.lines())
         self.assertIn("2 steps per compiled call gain nothing measurable here", text)
         self.assertNotIn("pays here", text)
+
+    def test_a_cpu_with_native_bfloat16_times_it_and_auto_follows(self):
+        self.cpu.return_value = {**machine.cpu(), "native_bfloat16": "yes (AMX-BF16)"}
+        layouts = thread_layouts.candidates(2)
+        tuned = self.tune("mirrored", [100.0] * len(layouts) + [101.0, 150.0, 90.0])
+        precision = self.swept[len(layouts) + 1]
+        self.assertEqual((precision.dtype, precision.steps_per_execution, precision.strategy),
+                         ("mixed_bfloat16", 1, "mirrored"))
+        self.assertIn("mixed_bfloat16 pays here: --dtype=auto chooses it",
+                      "\n".join(tuned.lines()))
+        self.assertEqual(self.stored()["2"]["dtype"], {"mixed_bfloat16": 1.5})
+        record = recommendations.tuned_record(2)
+        self.assertEqual(recommendations.precision({"CPU"}, cpu_bfloat16="yes (AMX-BF16)",
+                                                   tuned=record),
+                         ("mixed_bfloat16", "this CPU runs bfloat16 natively (AMX-BF16), 1.50x "
+                                            "float32 when tuned here"))
+        # Where tuning found it slower, auto keeps float32 although the CPU has it.
+        self.tune("mirrored", [100.0] * len(layouts) + [101.0, 95.0, 90.0])
+        self.assertEqual(recommendations.precision({"CPU"}, cpu_bfloat16="yes (AMX-BF16)",
+                                                   tuned=recommendations.tuned_record(2)),
+                         ("float32", "mixed_bfloat16 ran 0.95x float32 when tuned on this "
+                                     "machine kind"))
 
     def test_worker_processes_time_their_threads_and_steps_per_call_for_the_host(self):
         layouts = thread_layouts.worker_candidates(2)

@@ -7,6 +7,8 @@ import sys
 
 import tensorflow as tf
 
+from tfpar.host import machine
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmark.py")
 
 
@@ -35,9 +37,12 @@ class ScriptTest(tf.test.TestCase):
             env={**os.environ, "TFPAR_TUNING_FILE": path})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertIn("Thread layouts for 2 devices (lenet, mirrored):", result.stdout)
-        # Every candidate layout, the default with 2 steps per call (4 steps a round), and one
-        # worker process per device through the launcher's path.
-        self.assertEqual(result.stdout.count(" img/s "), 6)
+        # Every candidate layout, the default with 2 steps per call (4 steps a round), in
+        # mixed_bfloat16 where this CPU runs it natively, and one worker process per device
+        # through the launcher's path.
+        native = machine.cpu()["native_bfloat16"].startswith("yes")
+        self.assertEqual(result.stdout.count(" img/s "), 7 if native else 6)
+        self.assertEqual("the default in mixed_bfloat16" in result.stdout, native)
         self.assertIn("the default, 2 steps per compiled call", result.stdout)
         self.assertIn("one process per device (multi_worker)", result.stdout)
         self.assertRegex(result.stdout, r"each compiled call costs \d+% of a step's time here: "
@@ -51,6 +56,7 @@ class ScriptTest(tf.test.TestCase):
         self.assertGreaterEqual(record["2"]["speedup"], 1.0)
         self.assertEqual(list(record["2"]["steps_per_execution"]), ["2"])
         self.assertEqual(list(record["2"]["one_process_per_device"]), ["multi_worker"])
+        self.assertEqual(list(record["2"].get("dtype", {})), ["mixed_bfloat16"] if native else [])
 
     def test_bad_flags_fail_before_any_process_starts(self):
         for flags, message in (

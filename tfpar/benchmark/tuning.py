@@ -28,6 +28,7 @@ from tfpar.benchmark import runner
 from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
 from tfpar.benchmark.measurements import paired_ratio
+from tfpar.host import machine
 from tfpar.host import thread_layouts
 
 #: How much faster than the default (median of per-round ratios) a layout must be to be stored
@@ -58,6 +59,9 @@ class Tuned:
             call, its measurement and its paired ratio to the default (``None`` if not timed).
         processes: One worker process per device: the multi-worker entry, its measurement
             and its paired ratio to the default (``None`` if not timed).
+        precision: The default layout in ``mixed_bfloat16`` (timed where the CPU computes
+            bfloat16 natively): the policy, its measurement and its paired ratio to the
+            default (``None`` if not timed).
     """
 
     num_devices: int
@@ -69,6 +73,7 @@ class Tuned:
     path: str
     per_call: tuple[int, Measurement, float] | None = None
     processes: tuple[str, Measurement, float] | None = None
+    precision: tuple[str, Measurement, float] | None = None
 
     def lines(self) -> list[str]:
         """The result for people: a line per candidate, the stored one marked."""
@@ -89,6 +94,12 @@ class Tuned:
                        f"compile(steps_per_execution={steps}) (--steps_per_execution={steps}) "
                        "removes it" if ratio > MARGIN else
                        f"  {steps} steps per compiled call gain nothing measurable here")
+        if self.precision is not None:
+            policy, m, ratio = self.precision
+            out.append(f"  {f'the default in {policy}':55s} {m.median:9.1f} img/s  "
+                       f"{ratio:5.2f}x default")
+            out.append(f"  {policy} pays here: --dtype=auto chooses it" if ratio > MARGIN else
+                       f"  {policy} gains nothing measurable here: --dtype=auto keeps float32")
         if self.processes is not None:
             name, m, ratio = self.processes
             out.append(f"  {f'one process per device ({name})':55s} {m.median:9.1f} img/s  "
@@ -125,6 +136,10 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     probed = base.steps_per_execution == 1 and per_call_steps >= 2
     if probed:
         sweep.append(dataclasses.replace(sweep[0], steps_per_execution=per_call_steps))
+    low_precision = base.dtype == "float32" and machine.cpu()["native_bfloat16"].startswith(
+        "yes")
+    if low_precision:
+        sweep.append(dataclasses.replace(sweep[0], dtype="mixed_bfloat16"))
     processes = (ONE_PROCESS_PER_DEVICE.get(base.strategy, "multi_worker")
                  if not workers and base.steps_per_execution == 1 else None)
     if processes:
@@ -132,6 +147,8 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     measurements = runner.run(sweep, steps=steps, rounds=rounds)
     ratios = [paired_ratio(m, measurements[0]) for m in measurements]
     by_processes = (processes, measurements.pop(), ratios.pop()) if processes else None
+    precision = (("mixed_bfloat16", measurements.pop(), ratios.pop()) if low_precision
+                 else None)
     per_call = (per_call_steps, measurements.pop(), ratios.pop()) if probed else None
     best = max(range(len(layouts)), key=lambda i: ratios[i])
     chosen = best if ratios[best] > MARGIN else 0
@@ -140,9 +157,11 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
         evidence["steps_per_execution"] = {str(per_call[0]): round(per_call[2], 3)}
     if by_processes:
         evidence["one_process_per_device"] = {by_processes[0]: round(by_processes[2], 3)}
+    if precision:
+        evidence["dtype"] = {precision[0]: round(precision[2], 3)}
     key = thread_layouts.workers_key(base.num_devices) if workers else base.num_devices
     path = thread_layouts.store(key, layouts[chosen], model=base.model,
                                 strategy=base.strategy, speedup=round(ratios[chosen], 3),
                                 rounds=rounds, **evidence)
     return Tuned(base.num_devices, workers, layouts, measurements, ratios, chosen, path,
-                 per_call, by_processes)
+                 per_call, by_processes, precision)

@@ -54,13 +54,16 @@ class Recommendation:
 
 
 def precision(device_types: set[str], gpu_capabilities: list[tuple[int, int]] | None = None,
-              cpu_bfloat16: str | None = None) -> tuple[str, str]:
+              cpu_bfloat16: str | None = None, tuned: dict[str, Any] | None = None
+              ) -> tuple[str, str]:
     """The dtype policy for devices of ``device_types`` and why.
 
     Args:
         device_types: ``{"CPU"}`` or ``{"GPU"}`` (a mix gets float32).
         gpu_capabilities: The GPUs' compute capabilities (read from TensorFlow if ``None``).
         cpu_bfloat16: :func:`tfpar.host.machine.cpu`'s ``native_bfloat16`` (read if ``None``).
+        tuned: What ``--tune`` stored for these devices on this machine kind, if anything: a
+            timing of ``mixed_bfloat16`` there decides on a CPU with native bfloat16.
 
     Returns:
         ``(policy, reason)``.
@@ -74,12 +77,26 @@ def precision(device_types: set[str], gpu_capabilities: list[tuple[int, int]] | 
                            "than float32")
     if device_types == {"CPU"}:
         native = cpu_bfloat16 if cpu_bfloat16 is not None else machine.cpu()["native_bfloat16"]
+        timed = (tuned or {}).get("dtype", {}).get("mixed_bfloat16")
+        if native.startswith("yes") and timed is not None:
+            if float(timed) >= _MIN_GAIN:
+                return "mixed_bfloat16", (f"this CPU runs bfloat16 natively {native[4:]}, "
+                                          f"{float(timed):.2f}x float32 when tuned here")
+            return "float32", (f"mixed_bfloat16 ran {float(timed):.2f}x float32 when tuned on "
+                               "this machine kind")
         if native.startswith("yes"):
             return "mixed_bfloat16", f"this CPU runs bfloat16 natively {native[4:]}".rstrip()
         return "float32", ("this CPU has no native bfloat16 (no AMX-BF16 or AVX512-BF16 in "
                            "its flags, or oneDNN capped below them): mixed_bfloat16 would be "
                            "slower than float32")
     return "float32", "devices of several kinds"
+
+
+def tuned_record(num_devices: int, workers: int = 1) -> dict[str, Any]:
+    """What ``--tune`` stored on this machine kind for ``num_devices`` devices (or ``workers``
+    worker processes on this host), or ``{}``."""
+    key = thread_layouts.workers_key(workers) if workers > 1 else num_devices
+    return thread_layouts.stored(key) or {}
 
 
 def steps_per_call(num_devices: int, workers: int = 1) -> tuple[int, str]:
@@ -89,8 +106,7 @@ def steps_per_call(num_devices: int, workers: int = 1) -> tuple[int, str]:
         num_devices: Devices of the process.
         workers: Worker processes on this host (a multi-worker job), or 1.
     """
-    key = thread_layouts.workers_key(workers) if workers > 1 else num_devices
-    record = thread_layouts.stored(key) or {}
+    record = tuned_record(num_devices, workers)
     gains = {int(k): float(v) for k, v in record.get("steps_per_execution", {}).items()}
     best = max(gains, key=gains.__getitem__, default=None)
     if best is not None and gains[best] >= _MIN_GAIN:
@@ -117,7 +133,7 @@ def recommend(devices: Any = 1, *, workers: int = 1) -> Recommendation:
 
     device_set = devices_lib.resolve(devices)
     kinds = {name.split(":")[0] for name in device_set}
-    policy, why_policy = precision(kinds)
+    policy, why_policy = precision(kinds, tuned=tuned_record(len(device_set), workers))
     steps, why_steps = steps_per_call(len(device_set), workers)
     return Recommendation(policy, steps, (f"{policy}: {why_policy}",
                                           f"steps_per_execution={steps}: {why_steps}"))

@@ -326,7 +326,8 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
     said = []
     if auto_dtype:
         changes["dtype"], why = recommendations.precision(
-            {name.split(":")[0] for name in device_set})
+            {name.split(":")[0] for name in device_set},
+            tuned=recommendations.tuned_record(len(device_set), workers))
         said.append(f"precision {changes['dtype']} ({why})")
     if auto_steps:
         changes["steps_per_execution"], why = recommendations.steps_per_call(
