@@ -67,6 +67,33 @@ class AssertMatchesSingleDeviceTest(testing.StrategyTestCase):
             self._assert_matches(wrong_step(reduce_twice=False))
 
 
+class MixedPrecisionTest(testing.StrategyTestCase):
+    """The equivalence helper under a mixed policy: its own tolerance, and it still fails on
+    wrong training."""
+
+    def setUp(self):
+        super().setUp()
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        self.addCleanup(keras.mixed_precision.set_global_policy, "float32")
+
+    def test_passes_for_correct_training_under_every_in_process_entry(self):
+        for name in ("mirrored", "allreduce"):
+            self.assertMatchesSingleDevice(testing.tiny_model, testing.tiny_dataset(8),
+                                           self.strategy(name, 2))
+
+    def test_bf16_gradient_compression_composes_with_it(self):
+        self.assertMatchesSingleDevice(
+            testing.tiny_model, testing.tiny_dataset(8),
+            self.strategy("allreduce", 2, gradient_compression="bf16"))
+
+    def test_still_fails_when_gradients_are_reduced_twice(self):
+        self.assertEqual(case.TOLERANCES["mixed_bfloat16"], (1e-2, 1e-3))
+        with self.assertRaisesRegex(AssertionError, "differs from single-device training"):
+            self.assertMatchesSingleDevice(model_fn, testing.tiny_dataset(),
+                                           self.strategy("mirrored", 2),
+                                           train=wrong_step(reduce_twice=True))
+
+
 class AssertReplicasInSyncTest(testing.StrategyTestCase):
 
     def test_detects_per_replica_batchnorm_statistics(self):

@@ -121,7 +121,7 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
                                   *, train: reference_runs.TrainFn | None = None,
-                                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
+                                  rtol: float | None = None, atol: float | None = None) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
         ``model_fn`` is called twice: outside any strategy (the reference) and under
@@ -138,13 +138,19 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                 ``train(model, dataset, strategy)`` returns the per-step losses, or ``None``
                 to compare weights only. Weights only are compared, too, for registry entries
                 whose logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
-            rtol: Relative tolerance.
-            atol: Absolute tolerance.
+            rtol: Relative tolerance; by default that of the model's dtype policy
+                (:data:`TOLERANCES`: 1e-5 in float32, 1e-2 in a mixed policy).
+            atol: Absolute tolerance; by default that of the model's dtype policy (1e-6 in
+                float32, 1e-3 in a mixed policy).
         """
         train = train or reference_runs.fit_steps
         chosen = _made_from(strategy)
         compare_losses = chosen is None or chosen.entry.logs_exact_loss
         reference = model_fn()
+        default_rtol, default_atol = TOLERANCES.get(reference.dtype_policy.name,
+                                                    TOLERANCES["float32"])
+        rtol = default_rtol if rtol is None else rtol
+        atol = default_atol if atol is None else atol
         initial = reference.get_weights()
         with strategy.scope():
             model = model_fn()
@@ -159,6 +165,14 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(expected, actual, rtol=rtol, atol=atol,
                                 msg=f"{variable.path} differs from single-device training")
         self.assertReplicasInSync(model, rtol=rtol, atol=atol)
+
+
+#: The default ``(rtol, atol)`` of :meth:`StrategyTestCase.assertMatchesSingleDevice` by the
+#: model's Keras dtype policy: a mixed policy computes in 16 bits (bfloat16 keeps 8 bits of
+#: mantissa), so replicas that compute on shards of a batch round differently from one device
+#: that computes on the whole batch.
+TOLERANCES = {"float32": (1e-5, 1e-6), "mixed_float16": (1e-2, 1e-3),
+              "mixed_bfloat16": (1e-2, 1e-3)}
 
 
 def _made_from(strategy: tf.distribute.Strategy) -> strategies.Selection | None:
