@@ -328,7 +328,9 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
         changes["dtype"], why = recommendations.precision(
             {name.split(":")[0] for name in device_set},
             tuned=recommendations.tuned_record(len(device_set), workers))
-        said.append(f"precision {changes['dtype']} ({why})")
+        said.append(f"precision {changes['dtype']} ({why}" + (
+            "; test accuracy as in float32 over seeds, on the benchmarks page)"
+            if changes["dtype"] != "float32" else ")"))
     if auto_steps:
         changes["steps_per_execution"], why = recommendations.steps_per_call(
             len(device_set), workers)
