@@ -1,0 +1,58 @@
+"""tfpar as a user calls it (a registry strategy and ``model.fit``), or plain Keras.
+
+usage: python tfpar_user.py STRATEGY NUM_DEVICES lenet|resnet18 GLOBAL_BATCH STEPS
+
+STRATEGY is a registry entry (``mirrored``, ``allreduce``; ``multi_worker*`` under
+``scripts/launch.py``, the cluster from its ``TF_CONFIG``) or ``keras`` (no strategy, default
+threads). Prints ``img/s X``: the steady state of one ``fit`` of STEPS steps after warm-up,
+from the end of its first step to the end of its last. ``DTYPE=bfloat16``: Keras's
+``mixed_bfloat16`` policy.
+"""
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfpar
+
+
+class Clock(keras.callbacks.Callback):
+    """The time each training batch ended."""
+
+    def __init__(self):
+        super().__init__()
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> None:
+    if os.environ.get("DTYPE", "float32") == "bfloat16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    if name == "keras":
+        strategy = tf.distribute.get_strategy()
+    elif name.startswith("multi_worker"):
+        strategy = tfpar.strategies.get(name)
+    else:
+        strategy = tfpar.strategies.get(name, devices=devices)
+    with strategy.scope():
+        model = tfpar.models.resnet18() if model_name == "resnet18" else tfpar.models.lenet()
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.random((batch, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, batch)
+    data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    clock = Clock()
+    model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)  # Warm-up: tracing.
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    print(f"img/s {batch * (len(clock.ends) - 1) / (clock.ends[-1] - clock.ends[0]):.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
