@@ -3,6 +3,7 @@
 import os
 import subprocess
 
+import pytest
 import tensorflow as tf
 
 from tfpar import benchmark
@@ -17,6 +18,7 @@ def _benchmark_processes():
 
 class RunTest(tf.test.TestCase):
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_measures_each_configuration_every_round(self):
         lines = []
         sweep = benchmark.configurations(["mirrored", "multi_worker"], [2], ["lenet"], 8,
@@ -37,6 +39,7 @@ class RunTest(tf.test.TestCase):
         self.assertStartsWith(lines[4 + 4], "round 2/2: lenet mirrored on 2 device(s)")
         self.assertEmpty(_benchmark_processes())
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_profile_steps_write_a_trace_per_process_and_the_chief_of_a_job(self):
         profile_dir = os.path.join(self.get_temp_dir(), "profile")
         sweep = [Configuration(benchmark.CEILING, 2, "lenet", 8, warmup_steps=1),

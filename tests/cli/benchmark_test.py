@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
 
 from tfpar.host import machine
@@ -28,6 +29,7 @@ class ScriptTest(tf.test.TestCase):
         self.assertIn("(oneDNN capped at AVX2)", result.stdout)
         self.assertRegex(result.stdout, r"\nlenet +default +\[CPU:0\] ")
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_tune_times_the_layouts_and_stores_one_for_this_machine_kind(self):
         path = os.path.join(self.get_temp_dir(), "layouts.json")
         result = subprocess.run(

@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -84,6 +85,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
             "launcher: worker 1 exited with 3; stopped the other workers.",
             "launcher: restarts used up (2 of 2); exiting with the failed worker's status (3)."])
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_killed_worker_is_restarted_and_the_job_ends_as_an_uninterrupted_one(self):
         def job(model_dir, max_restarts=0):
             return subprocess.Popen(
@@ -124,6 +126,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         # Keras's own BackupAndRestore, as keras.io's guide teaches it: every worker wrote the
         # same file (h5py "unable to lock file") before tfpar's fix; the chief writes now.
         ("backup", "multi_worker"), ("backup_every_2", "multi_worker_allreduce"))
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_users_own_resume_loop_under_restarts(self, resume, entry):
         weights = []
         for crash in (True, False):
@@ -292,6 +295,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("launcher: worker 1 was killed by signal 15; stopped the other workers.",
                       rest)
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_only_the_chief_reports(self):
         profile_dir = os.path.join(self.get_temp_dir(), "profile")
         result = subprocess.run(
@@ -313,6 +317,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertNotRegex(result.stdout, r"\[worker 1\] .*\d+/\d+ ")
         self.assertNotIn("shuffle=True was passed", result.stdout)
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_worker_told_to_stop_keeps_a_resumable_state(self):
         model_dir = os.path.join(self.get_temp_dir(), "state")
         command = [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
@@ -345,6 +350,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsNotNone(checkpoint, resumed.stdout[-3000:])
         self.assertIn(int(checkpoint.group(1)), (saved, saved + 1))
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_hung_worker_ends_the_job_with_one_line_naming_it_and_a_restart_resumes(self):
         # SIGSTOP: the process lives but stops answering (a hung machine). TensorFlow's
         # coordination service misses its heartbeats for --heartbeat_timeout seconds (3 here;

@@ -8,6 +8,7 @@ import sys
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -110,6 +111,7 @@ class EmulatedSrunTest(tf.test.TestCase):
     """Two jobs of 2 tasks on one node at once, started as srun starts a step's tasks: one on
     a CPU-only node, one where an nvidia-smi lists GPUs (that TensorFlow then does not find)."""
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_two_jobs_on_one_node_train_as_one_process(self):
         reference = multi_worker_worker.model_with_metric()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -69,6 +70,7 @@ class TwoWorkersTest(testing.StrategyTestCase, parameterized.TestCase):
         # Keras's loop of 2 steps per compiled call (fit, evaluate), with tfpar's fix for it.
         ("multi_worker", 24, {"steps_per_execution": 2}),
         ("multi_worker_allreduce", 23, {"steps_per_execution": 2}))
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_two_workers_match_single_process_training(self, name, num_examples, options=None):
         reference = multi_worker_worker.model_with_metric(**{
             k: v for k, v in (options or {}).items()

@@ -8,6 +8,7 @@ from unittest import mock
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
@@ -46,6 +47,7 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
         history = fit_first_batch_of_five(self.strategy("mirrored", 2))
         self.assertTrue(np.isfinite(history.history["loss"][0]))
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_multi_worker_fit_stops_after_one_step_without_the_log_fix(self):
         reference = testing.tiny_model()
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
@@ -60,6 +62,7 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
 
     # Without the train function's fix fit fails; without the test function's, evaluate.
     @parameterized.parameters("multi_step_train_function", "multi_step_test_function")
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_several_steps_per_call_fail_across_workers_without_the_fix(self, fix):
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         np.savez(initial, *testing.tiny_model().get_weights())

@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -142,6 +143,7 @@ class UnreachablePeerTest(WaitingWorkerCase):
         self.addCleanup(job.kill)
         return job, peer
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_the_wait_is_reported_and_bounded_by_the_cluster_timeout(self):
         job, peer = self.start_worker("--cluster_timeout=7")
         _, stderr = job.communicate(timeout=120)
@@ -189,6 +191,7 @@ class DroppedPacketsTest(WaitingWorkerCase):
         self.assertLess(time.monotonic() - start, 10, "".join(lines)[-2000:])
         return lines
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_the_worker_says_what_it_waits_for_and_gives_up_at_the_timeout(self):
         job, start = self.start_worker("--cluster_timeout=15")
         lines = self.wait_for_the_waiting_line(job, start)
@@ -211,6 +214,7 @@ class PeerLeavesDuringSetUpTest(tf.test.TestCase, parameterized.TestCase):
     for ever) inside a call that no signal interrupts; the set-up ends at the cluster timeout."""
 
     @parameterized.named_parameters(("leader", 0), ("follower", 1))
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_the_set_up_ends_at_the_cluster_timeout_with_one_line(self, index):
         peer = socket.socket()
         self.addCleanup(peer.close)

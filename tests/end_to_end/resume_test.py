@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -97,6 +98,7 @@ class KillAndResumeTest(SameStateTestCase):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_killed_worker_then_restart_resumes_to_the_same_weights(self):
         base = self.get_temp_dir()
         whole, killed = os.path.join(base, "whole"), os.path.join(base, "killed")
