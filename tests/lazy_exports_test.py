@@ -19,10 +19,16 @@ TENSORFLOW_FREE = ("tfpar.strategies", "tfpar.allreduce.options", "tfpar.cluster
 
 
 def run(code: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh process (it must succeed)."""
+    return "\n".join(run_lines(code)).split()
+
+
+def run_lines(code: str) -> list[str]:
+    """The lines ``code`` prints, run in a fresh process (it must succeed)."""
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.split()
+    return result.stdout.splitlines()
 
 
 class LazyExportsTest(tf.test.TestCase):
@@ -91,11 +97,7 @@ class DeprecatedAliasesTest(tf.test.TestCase):
                 "    print(w.message)\n"
                 "print(cluster.resolver is spec.resolver, cluster.connect is peers.connect,\n"
                 "      launcher.launch is new_launcher.launch)\n")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120)
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        lines = result.stdout.splitlines()
-        self.assertEqual(lines, [
+        self.assertEqual(run_lines(code), [
             "tfpar.multiworker is deprecated and will be removed in tfpar 0.4.0: use "
             "tfpar.cluster.",
             "tfpar.multiworker.cluster is deprecated and will be removed in tfpar 0.4.0: use "
@@ -120,10 +122,7 @@ class DeprecatedAliasesTest(tf.test.TestCase):
                 "      tfpar.evaluation.accuracy is evaluation.accuracy,\n"
                 "      tfpar.schedules.LinearWarmup is schedules.LinearWarmup,\n"
                 "      tfpar.benchmark.configuration.paired_ratio is measurements.paired_ratio)\n")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120)
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertEqual(result.stdout.splitlines(), [
+        self.assertEqual(run_lines(code), [
             "tfpar.machine is deprecated and will be removed in tfpar 0.4.0: use "
             "tfpar.host.machine.",
             "tfpar.thread_layouts is deprecated and will be removed in tfpar 0.4.0: use "

@@ -12,7 +12,8 @@ from tfpar.errors import StateNotSavedError
 
 class EpochCheckpointTest(testing.StrategyTestCase):
 
-    def test_a_diverged_epoch_is_not_saved(self):
+    def saved_once(self) -> tuple[str, checkpointing.EpochCheckpoint]:
+        """A folder and a checkpoint of a model on 2 devices that saved epoch 1."""
         directory = self.get_temp_dir()
         strategy = self.strategy("mirrored", 2)
         with strategy.scope():
@@ -20,6 +21,10 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
         checkpoint.set_model(model)
         checkpoint.on_epoch_end(0, {"loss": 1.5})
+        return directory, checkpoint
+
+    def test_a_diverged_epoch_is_not_saved(self):
+        directory, checkpoint = self.saved_once()
         finite = tf.train.latest_checkpoint(directory)
         with self.assertLogs(level="WARNING") as logs:
             checkpoint.on_epoch_end(1, {"loss": float("nan")})
@@ -29,13 +34,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(checkpoint.restore(), 1)
 
     def test_a_save_that_fails_leaves_the_last_epoch_and_no_partial_folder(self):
-        directory = self.get_temp_dir()
-        strategy = self.strategy("mirrored", 2)
-        with strategy.scope():
-            model = testing.tiny_model()
-        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
-        checkpoint.set_model(model)
-        checkpoint.on_epoch_end(0, {"loss": 1.5})
+        directory, checkpoint = self.saved_once()
         saved = tf.train.latest_checkpoint(directory)
         manager_save = checkpoint._manager.save
 
