@@ -1,5 +1,6 @@
-"""bfloat16 trains as well as float32, distributed: test accuracy on ``digits`` over seeds, in
-Keras's ``mixed_bfloat16`` against float32, on 1 and 2 devices and across 2 workers.
+"""bfloat16 trains as well as float32, distributed: test accuracy on ``digits`` over several
+random seeds, in Keras's ``mixed_bfloat16`` against float32, on 1 and 2 devices and across 2
+workers.
 
 Slow (about 3 minutes on 2 cores): ``pytest -m slow``. The figures are on the benchmarks page.
 """
@@ -20,7 +21,7 @@ from tfpar import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEEDS = (0, 1, 2)
-# The bar: the seeds' mean within 1.5 points of float32's, and no seed below float32's worst by
+# The bar: the runs' mean within 1.5 points of float32's, and no seed below float32's worst by
 # more than 3 points (one test image of digits is 0.28 points).
 MEAN_GAP, WORST_GAP = 0.015, 0.03
 

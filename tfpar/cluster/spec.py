@@ -164,6 +164,14 @@ def tasks_on_host(cluster: dict[str, Any], task_type: str, task_index: int) -> i
                for job in TASK_TYPES for address in addresses(job))
 
 
+def tasks_on_this_host(cluster_resolver: Any) -> int:
+    """:func:`tasks_on_host` for this task of ``cluster_resolver`` (1 without a cluster)."""
+    spec = cluster_resolver.cluster_spec().as_dict() if cluster_resolver is not None else {}
+    if not spec:
+        return 1
+    return tasks_on_host(spec, cluster_resolver.task_type, cluster_resolver.task_id)
+
+
 def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     """Returns whether ``strategy`` trains across several worker processes."""
     cluster_resolver = getattr(strategy, "cluster_resolver", None)

@@ -56,10 +56,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
                                f"device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     resolver = cluster_spec.resolver(options.cluster, options.worker_hosts, options.task_index)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    worker_threads.set_threads(cluster_spec.tasks_on_host(spec, resolver.task_type,
-                                                          resolver.task_id)
-                               if resolver is not None and spec else 1)
+    worker_threads.set_threads(cluster_spec.tasks_on_this_host(resolver))
     if devices.is_gpu_only:  # The strategy uses every visible GPU: show it only the set.
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([gpus[int(n.split(":")[1])] for n in devices], "GPU")

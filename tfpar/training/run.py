@@ -318,10 +318,7 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
     auto_dtype, auto_steps = config.dtype == AUTO, config.steps_per_execution == AUTO
     if not (auto_dtype or auto_steps):
         return config
-    resolver = getattr(strategy, "cluster_resolver", None)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    workers = (cluster_spec.tasks_on_host(spec, resolver.task_type, resolver.task_id)
-               if resolver is not None and spec else 1)
+    workers = cluster_spec.tasks_on_this_host(getattr(strategy, "cluster_resolver", None))
     changes: dict[str, Any] = {}
     said = []
     if auto_dtype:
@@ -329,7 +326,7 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
             {name.split(":")[0] for name in device_set},
             tuned=recommendations.tuned_record(len(device_set), workers))
         said.append(f"precision {changes['dtype']} ({why}" + (
-            "; test accuracy as in float32 over seeds, on the benchmarks page)"
+            "; test accuracy as in float32 over several runs, on the benchmarks page)"
             if changes["dtype"] != "float32" else ")"))
     if auto_steps:
         changes["steps_per_execution"], why = recommendations.steps_per_call(
