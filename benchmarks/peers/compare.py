@@ -50,6 +50,12 @@ def configurations(model: str, batch: str, steps: str) -> dict[str, tuple[list[s
     }
 
 
+CEILING = "independent_2x1"
+# What a configuration's DTYPE=auto would mean: only tfpar's own configurations take it
+# (``tfpar.training.recommend``); a peer has no such choice.
+TAKES_AUTO = ("tfpar_",)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", choices=("lenet", "resnet18"))
@@ -58,39 +64,66 @@ def main() -> None:
     parser.add_argument("rounds", type=int)
     parser.add_argument("output", help="JSON file for every round")
     parser.add_argument("--only", help="comma list of configuration names")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--dtype", default="float32",
+                        help="comma list of float32, bfloat16 and auto (tfpar's configurations "
+                             "only: what tfpar.training.recommend chooses); several are paired "
+                             "in the same rounds")
     args = parser.parse_args()
+    dtypes = args.dtype.split(",")
+    if not set(dtypes) <= {"float32", "bfloat16", "auto"}:
+        parser.error(f"--dtype={args.dtype}: each must be float32, bfloat16 or auto")
     configs = configurations(args.model, args.batch_size, args.steps)
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only.split(",")}
-    names = list(configs)
+    runs = {(f"{name}@{dtype}" if len(dtypes) > 1 else name): (command, extra, dtype)
+            for dtype in dtypes for name, (command, extra) in configs.items()
+            if dtype != "auto" or name.startswith(TAKES_AUTO)}
+    names = list(runs)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            command, extra = configs[name]
+            command, extra, dtype = runs[name]
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-                                       "DTYPE": args.dtype, **extra})
+                                       "DTYPE": dtype, **extra})
             found = re.findall(r"img/s ([0-9.]+)", done.stdout)
             if not found:
                 print(f"{name} failed:\n{done.stdout[-300:]}{done.stderr[-600:]}",
                       file=sys.stderr)
             rates[name].append(float(found[-1]) if found else float("nan"))
             print(f"round {round_index} {name}: {rates[name][-1]}", flush=True)
-    reference = REFERENCE if REFERENCE in rates else names[0]
+
+    def paired(name: str, other: str) -> float | None:
+        ratios = [a / b for a, b in zip(rates[name], rates.get(other, []))
+                  if a == a and b == b]
+        return statistics.median(ratios) if ratios else None
+
+    def same_dtype(base: str, name: str) -> str:
+        dtype = runs[name][2]
+        return f"{base}@{'bfloat16' if dtype == 'auto' else dtype}" if len(dtypes) > 1 else base
+
+    reference = (REFERENCE if len(dtypes) == 1 else f"{REFERENCE}@{dtypes[0]}")
+    reference = reference if reference in rates else names[0]
     summary = {}
     for name in names:
-        ratios = [a / b for a, b in zip(rates[name], rates[reference]) if a == a and b == b]
-        summary[name] = {"median": statistics.median([v for v in rates[name] if v == v]
+        ceiling = same_dtype(CEILING, name)
+        summary[name] = {"dtype": runs[name][2],
+                         "median": statistics.median([v for v in rates[name] if v == v]
                                                      or [float("nan")]),
-                         "vs_" + reference: statistics.median(ratios) if ratios else None,
+                         "vs_" + reference: paired(name, reference),
+                         "vs_ceiling": paired(name, ceiling),
                          "rounds": rates[name]}
-        print(f"{name:34s} {summary[name]['median']:9.1f} img/s  vs {reference}: "
-              f"{summary[name]['vs_' + reference]}")
+        print(f"{name:44s} {summary[name]['median']:9.1f} img/s  vs {reference}: "
+              f"{_ratio(summary[name]['vs_' + reference])}  vs {ceiling}: "
+              f"{_ratio(summary[name]['vs_ceiling'])}")
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump({"model": args.model, "global_batch": args.batch_size, "steps": args.steps,
-                   "dtype": args.dtype, "summary": summary}, f, indent=1)
+                   "dtypes": dtypes, "summary": summary}, f, indent=1)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ STRATEGY is a registry entry (``mirrored``, ``allreduce``; ``multi_worker*`` und
 ``scripts/launch.py``, the cluster from its ``TF_CONFIG``) or ``keras`` (no strategy, default
 threads). Prints ``img/s X``: the steady state of one ``fit`` of STEPS steps after warm-up,
 from the end of its first step to the end of its last. ``DTYPE=bfloat16``: Keras's
-``mixed_bfloat16`` policy.
+``mixed_bfloat16`` policy; ``DTYPE=auto``: the policy and steps per compiled call
+``tfpar.training.recommend`` returns for this machine (printed).
 """
 
 import os
@@ -21,18 +22,19 @@ import tfpar
 
 
 class Clock(keras.callbacks.Callback):
-    """The time each training batch ended."""
+    """The time each compiled call of training steps ended, and its last step's index."""
 
     def __init__(self):
         super().__init__()
-        self.ends: list[float] = []
+        self.ends: list[tuple[int, float]] = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
+        self.ends.append((batch, time.perf_counter()))
 
 
 def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> None:
-    if os.environ.get("DTYPE", "float32") == "bfloat16":
+    dtype = os.environ.get("DTYPE", "float32")
+    if dtype == "bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     if name == "keras":
         strategy = tf.distribute.get_strategy()
@@ -40,10 +42,19 @@ def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> No
         strategy = tfpar.strategies.get(name)
     else:
         strategy = tfpar.strategies.get(name, devices=devices)
+    compile_arguments = {}
+    if dtype == "auto":
+        workers = tfpar.cluster.spec.tasks_on_this_host(getattr(strategy, "cluster_resolver",
+                                                                None))
+        advice = tfpar.training.recommend(devices if workers == 1 else 1, workers=workers)
+        advice.apply_policy()
+        compile_arguments = advice.compile_arguments()
+        print("; ".join(advice.reasons), file=sys.stderr)
     with strategy.scope():
         model = tfpar.models.resnet18() if model_name == "resnet18" else tfpar.models.lenet()
         model.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      **compile_arguments)
     rng = np.random.default_rng(0)
     x = rng.random((batch, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, batch)
@@ -51,7 +62,8 @@ def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> No
     clock = Clock()
     model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)  # Warm-up: tracing.
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
-    print(f"img/s {batch * (len(clock.ends) - 1) / (clock.ends[-1] - clock.ends[0]):.2f}")
+    (first, start), (last, end) = clock.ends[0], clock.ends[-1]
+    print(f"img/s {batch * (last - first) / (end - start):.2f}")
 
 
 if __name__ == "__main__":

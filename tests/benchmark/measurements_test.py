@@ -1,11 +1,15 @@
 """Tests of benchmark configurations and sweeps."""
 
 import os
+from unittest import mock
 
 import tensorflow as tf
 
 from tfpar import benchmark
 from tfpar.benchmark import Configuration
+from tfpar.benchmark import measurements
+from tfpar.host import machine
+from tfpar.host import thread_layouts
 
 
 class ConfigurationsTest(tf.test.TestCase):
@@ -32,6 +36,61 @@ class ConfigurationsTest(tf.test.TestCase):
             "allreduce(algorithm=ring,bytes_per_pack=0)",
             "allreduce(algorithm=naive,bytes_per_pack=0)"])
         self.assertEqual(Configuration.from_json(sweep[2].to_json()), sweep[2])
+
+
+class ChosenForTheMachineTest(tf.test.TestCase):
+    """The benchmark's --dtype=auto and --steps_per_execution=auto."""
+
+    def setUp(self):
+        super().setUp()
+        for patcher in (
+                mock.patch.dict(os.environ, {"TFPAR_TUNING_FILE": os.path.join(
+                    self.get_temp_dir(), "tuning.json")}),
+                mock.patch.object(machine, "cpu", return_value={
+                    **machine.cpu(), "native_bfloat16": "yes (AMX-BF16)"})):
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    def test_each_configuration_gets_what_its_devices_would_train_with(self):
+        # Tuned for 2 devices: 8 steps per call pay, bfloat16 measured slower there.
+        thread_layouts.store(2, thread_layouts.default(2), steps_per_execution={"8": 1.2},
+                             dtype={"mixed_bfloat16": 0.9})
+        thread_layouts.store(thread_layouts.workers_key(2), thread_layouts.default(1),
+                             steps_per_execution={"4": 1.1})
+        sweep = benchmark.configurations(["mirrored", "multi_worker"], [1, 2], ["lenet"], 32,
+                                         baseline=True, ceiling=True)
+        chosen, said = measurements.chosen_for_the_machine(sweep, dtype=True,
+                                                           steps_per_execution=True)
+        got = {(c.strategy, c.num_devices): (c.dtype, c.steps_per_execution) for c in chosen}
+        self.assertEqual(got, {
+            ("keras", 1): ("mixed_bfloat16", 1),  # As the 1-device strategies: not tuned.
+            ("mirrored", 1): ("mixed_bfloat16", 1),
+            ("mirrored", 2): ("float32", 8),
+            ("multi_worker", 1): ("mixed_bfloat16", 1),
+            ("multi_worker", 2): ("mixed_bfloat16", 4),
+            ("independent", 1): ("mixed_bfloat16", 1),
+            ("independent", 2): ("float32", 8)})  # The same settings as mirrored on 2.
+        self.assertEqual([c.strategy for c in chosen], [c.strategy for c in sweep])
+        self.assertCountEqual(said, [
+            "Chosen for 1 device(s): precision mixed_bfloat16 (this CPU runs bfloat16 "
+            "natively (AMX-BF16)); 1 step(s) per compiled call (not tuned on this machine "
+            "kind (scripts/benchmark.py --tune times several steps per call)).",
+            "Chosen for 2 device(s): precision float32 (mixed_bfloat16 ran 0.90x float32 "
+            "when tuned on this machine kind); 8 step(s) per compiled call (8 steps per "
+            "compiled call ran 1.20x faster when tuned on this machine kind).",
+            "Chosen for 2 worker processes: precision mixed_bfloat16 (this CPU runs bfloat16 "
+            "natively (AMX-BF16)); 4 step(s) per compiled call (4 steps per compiled call "
+            "ran 1.10x faster when tuned on this machine kind)."])
+
+    def test_only_what_is_asked_is_chosen(self):
+        sweep = benchmark.configurations(["mirrored"], [2], ["lenet"], 32, dtype="float32",
+                                         steps_per_execution=3)
+        chosen, said = measurements.chosen_for_the_machine(sweep, dtype=True,
+                                                           steps_per_execution=False)
+        self.assertEqual((chosen[0].dtype, chosen[0].steps_per_execution),
+                         ("mixed_bfloat16", 3))
+        self.assertEqual(said, ["Chosen for 2 device(s): precision mixed_bfloat16 (this CPU "
+                                "runs bfloat16 natively (AMX-BF16))."])
 
 
 if __name__ == "__main__":

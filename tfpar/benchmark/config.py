@@ -15,7 +15,11 @@ from tfpar import models
 from tfpar import strategies
 from tfpar.config_fields import field
 from tfpar.errors import ConfigError
+from tfpar.training.config import AUTO
 from tfpar.training.config import DTYPES
+
+# The most steps per compiled call that tuning stores: steps=auto needs two such calls.
+_MOST_TUNED_STEPS_PER_EXECUTION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +39,12 @@ class BenchmarkConfig:
         threads_per_device: Intra-op threads of each device. Default: cores // the largest
             device count, so every device has the same share of the machine.
         epoch_examples: Epoch size for the sec/epoch column.
-        dtype: Keras dtype policy of the models.
+        dtype: Keras dtype policy of the models; auto: what the train command's --dtype=auto
+            chooses for each configuration's devices (mixed_bfloat16 where the hardware
+            computes bfloat16 natively and tuning did not find it slower), said in one line.
         jit_compile: Compile the training step with XLA.
-        steps_per_execution: Training steps per compiled call.
+        steps_per_execution: Training steps per compiled call; auto: what tune found faster
+            on this machine kind for each configuration's devices (1 if not tuned).
         profile_steps: Trace this many steps of every configuration for TensorBoard's profiler,
             after warm-up and outside the measurements; 0: none.
         profile_dir: Where profile_steps writes the traces.
@@ -68,9 +75,9 @@ class BenchmarkConfig:
     rounds: int = 5
     threads_per_device: int | None = None
     epoch_examples: int = 60_000
-    dtype: str = field("float32", choices=DTYPES)
+    dtype: str = field("float32", choices=(*DTYPES, AUTO))
     jit_compile: bool = False
-    steps_per_execution: int = 1
+    steps_per_execution: int | str = 1
     profile_steps: int = 0
     profile_dir: str = "tfpar_profile"
     baseline: bool = False
@@ -87,11 +94,27 @@ class BenchmarkConfig:
         for name in self.strategies:
             strategies.entry(name)
         config_fields.check_choices(self, ConfigError)
-        for name, least in (("num_devices", 1), ("steps", 2 * self.steps_per_execution),
+        if isinstance(self.steps_per_execution, str) and self.steps_per_execution.isdigit():
+            object.__setattr__(self, "steps_per_execution", int(self.steps_per_execution))
+        auto_steps = self.steps_per_execution == AUTO
+        if not auto_steps and (not isinstance(self.steps_per_execution, int)
+                               or isinstance(self.steps_per_execution, bool)):
+            raise ConfigError("{argument} must be an integer >= 1 or 'auto'. Received: "
+                              f"{{argument}}={self.steps_per_execution!r}.",
+                              argument="steps_per_execution")
+        per_call = (_MOST_TUNED_STEPS_PER_EXECUTION if auto_steps
+                    else int(self.steps_per_execution))
+        for name, least in (("num_devices", 1), ("steps", 2 * per_call),
                             ("rounds", 1), ("warmup_steps", 0), ("profile_steps", 0),
                             ("steps_per_execution", 1), ("threads_per_device", 1),
                             ("epoch_examples", 1)):
-            _at_least(name, getattr(self, name), least)
+            if not (name == "steps_per_execution" and auto_steps):
+                _at_least(name, getattr(self, name), least)
+        if self.tune and AUTO in (self.dtype, self.steps_per_execution):
+            which = "dtype" if self.dtype == AUTO else "steps_per_execution"
+            raise ConfigError(f"{{argument}}=auto chooses from what tune stores; tune times "
+                              "the precisions and steps per call itself. Give tune a fixed "
+                              "value (float32 and 1 time the others).", argument=which)
         if self.tune and max(self.num_devices) < 2:
             raise ConfigError("{argument} times thread layouts of several devices (or worker "
                               "processes) on this machine: give a device count above 1. "

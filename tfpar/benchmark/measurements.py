@@ -252,3 +252,59 @@ def _option_sets(strategy: str, values: Mapping[str, Sequence[Any]]
     taken = [name for name in strategies.entry(strategy).options() if name in values]
     return [tuple(zip(taken, combination))
             for combination in itertools.product(*(values[name] for name in taken))]
+
+
+def chosen_for_the_machine(sweep: Sequence[Configuration], dtype: bool,
+                           steps_per_execution: bool) -> tuple[list[Configuration], list[str]]:
+    """``sweep`` with the precision and/or steps per compiled call that
+    :func:`tfpar.training.recommend` chooses on this machine for each configuration's devices
+    (the benchmark's ``--dtype=auto`` and ``--steps_per_execution=auto``).
+
+    Plain Keras and the independent processes of a device count run at what was chosen for
+    the first strategy of that count (else for one device), so every ratio compares equal
+    settings.
+
+    Args:
+        sweep: The configurations (their own dtype and steps per call are replaced).
+        dtype: Choose the precision.
+        steps_per_execution: Choose the steps per compiled call.
+
+    Returns:
+        The configurations, and one line per distinct choice saying what and why.
+    """
+    from tfpar.training import recommendations  # The training layer: imported when asked.
+
+    chosen: dict[tuple[int, int], tuple[dict[str, Any], str]] = {}
+
+    def choice(count: int, workers: int) -> tuple[dict[str, Any], str]:
+        if (count, workers) not in chosen:
+            tuned = recommendations.tuned_record(count, workers)
+            changes: dict[str, Any] = {}
+            said = []
+            if dtype:
+                changes["dtype"], why = recommendations.precision({"CPU"}, tuned=tuned)
+                said.append(f"precision {changes['dtype']} ({why})")
+            if steps_per_execution:
+                changes["steps_per_execution"], why = recommendations.steps_per_call(
+                    count, workers)
+                said.append(f"{changes['steps_per_execution']} step(s) per compiled call "
+                            f"({why})")
+            where = f"{workers} worker processes" if workers > 1 else f"{count} device(s)"
+            chosen[count, workers] = changes, f"Chosen for {where}: {'; '.join(said)}."
+        return chosen[count, workers]
+
+    for_strategies = {}
+    for c in sweep:
+        if c.strategy not in (BASELINE, CEILING):
+            workers = c.num_processes
+            for_strategies.setdefault(c.num_devices, choice(
+                c.num_devices if workers == 1 else 1, workers)[0])
+    resolved = []
+    for c in sweep:
+        if c.strategy in (BASELINE, CEILING):
+            changes = for_strategies.get(c.num_devices) or choice(1, 1)[0]
+        else:
+            workers = c.num_processes
+            changes = choice(c.num_devices if workers == 1 else 1, workers)[0]
+        resolved.append(dataclasses.replace(c, **changes))
+    return resolved, [line for _, line in chosen.values()]

@@ -16,7 +16,8 @@ Beside the layouts it times the default layout with several steps per compiled c
 (Keras's ``steps_per_execution``): the fixed cost of each call of a compiled step (Python,
 dispatch, the start and end of a multi-device function) depends on the machine and the model,
 and only that setting removes it. It is the model's setting, so it is reported and recorded
-with the layout, never applied by tfpar.
+with the layout, and applied only where a run asks with ``steps_per_execution="auto"``; so is
+the timing of ``mixed_bfloat16`` on a CPU that runs bfloat16 natively (``dtype="auto"``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from tfpar.benchmark import tuning
 from tfpar.benchmark.config import BenchmarkConfig
 from tfpar.cli import common
 from tfpar.cli import config_flags
+from tfpar.training.config import AUTO
 
 FLAGS = flags.FLAGS
 
@@ -49,9 +50,17 @@ def main(argv: list[str]) -> None:
         config.strategies, config.num_devices, config.models, config.batch_size,
         config.threads_per_device, baseline=config.baseline, ceiling=config.ceiling,
         strategy_options=config.strategy_options,
-        communication_share=config.communication_share, dtype=config.dtype,
-        jit_compile=config.jit_compile, steps_per_execution=config.steps_per_execution,
+        communication_share=config.communication_share,
+        dtype="float32" if config.dtype == AUTO else config.dtype,
+        jit_compile=config.jit_compile,
+        steps_per_execution=(1 if config.steps_per_execution == AUTO
+                             else config.steps_per_execution),
         warmup_steps=config.warmup_steps)
+    if AUTO in (config.dtype, config.steps_per_execution):
+        sweep, said = benchmark_measurements.chosen_for_the_machine(
+            sweep, dtype=config.dtype == AUTO,
+            steps_per_execution=config.steps_per_execution == AUTO)
+        print("\n".join(said), flush=True)
     measurements = runner.run(sweep, steps=config.steps, rounds=config.rounds,
                               profile_steps=config.profile_steps,
                               profile_dir=config.profile_dir)
@@ -73,7 +82,8 @@ def _tune(config: BenchmarkConfig) -> None:
         base = benchmark_measurements.Configuration(
             config.strategies[0], count, config.models[0], config.batch_size,
             dtype=config.dtype, jit_compile=config.jit_compile,
-            steps_per_execution=config.steps_per_execution, warmup_steps=config.warmup_steps)
+            steps_per_execution=int(config.steps_per_execution),
+            warmup_steps=config.warmup_steps)
         print("\n".join(tuning.tune(base, config.steps, config.rounds).lines()), flush=True)
 
 
