@@ -112,7 +112,7 @@ class BenchmarkConfig:
                 _at_least(name, getattr(self, name), least)
         if self.tune and AUTO in (self.dtype, self.steps_per_execution):
             which = "dtype" if self.dtype == AUTO else "steps_per_execution"
-            raise ConfigError(f"{{argument}}=auto chooses from what tune stores; tune times "
+            raise ConfigError("{argument}=auto chooses from what tune stores; tune times "
                               "the precisions and steps per call itself. Give tune a fixed "
                               "value (float32 and 1 time the others).", argument=which)
         if self.tune and max(self.num_devices) < 2:

@@ -293,7 +293,7 @@ def chosen_for_the_machine(sweep: Sequence[Configuration], dtype: bool,
             chosen[count, workers] = changes, f"Chosen for {where}: {'; '.join(said)}."
         return chosen[count, workers]
 
-    for_strategies = {}
+    for_strategies: dict[int, dict[str, Any]] = {}
     for c in sweep:
         if c.strategy not in (BASELINE, CEILING):
             workers = c.num_processes
