@@ -68,7 +68,13 @@ def main() -> None:
                         help="comma list of float32, bfloat16 and auto (tfpar's configurations "
                              "only: what tfpar.training.recommend chooses); several are paired "
                              "in the same rounds")
+    parser.add_argument("--steps_per_execution", default="1",
+                        help="steps per compiled call of every TensorFlow configuration; auto: "
+                             "what tfpar.training.recommend chooses for tfpar's (plain Keras "
+                             "and the ceiling then take 1)")
     args = parser.parse_args()
+    if not (args.steps_per_execution == "auto" or args.steps_per_execution.isdigit()):
+        parser.error(f"--steps_per_execution={args.steps_per_execution}: an integer or auto")
     dtypes = args.dtype.split(",")
     if not set(dtypes) <= {"float32", "bfloat16", "auto"}:
         parser.error(f"--dtype={args.dtype}: each must be float32, bfloat16 or auto")
@@ -86,7 +92,9 @@ def main() -> None:
             command, extra, dtype = runs[name]
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-                                       "DTYPE": dtype, **extra})
+                                       "DTYPE": dtype,
+                                       "STEPS_PER_EXECUTION": args.steps_per_execution,
+                                       **extra})
             found = re.findall(r"img/s ([0-9.]+)", done.stdout)
             if not found:
                 print(f"{name} failed:\n{done.stdout[-300:]}{done.stderr[-600:]}",
@@ -119,7 +127,8 @@ def main() -> None:
               f"{_ratio(summary[name]['vs_ceiling'])}")
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump({"model": args.model, "global_batch": args.batch_size, "steps": args.steps,
-                   "dtypes": dtypes, "summary": summary}, f, indent=1)
+                   "dtypes": dtypes,
+                   "steps_per_execution": args.steps_per_execution, "summary": summary}, f, indent=1)
 
 
 def _ratio(value: float | None) -> str:

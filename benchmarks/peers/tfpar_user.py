@@ -6,8 +6,9 @@ STRATEGY is a registry entry (``mirrored``, ``allreduce``; ``multi_worker*`` und
 ``scripts/launch.py``, the cluster from its ``TF_CONFIG``) or ``keras`` (no strategy, default
 threads). Prints ``img/s X``: the steady state of one ``fit`` of STEPS steps after warm-up,
 from the end of its first step to the end of its last. ``DTYPE=bfloat16``: Keras's
-``mixed_bfloat16`` policy; ``DTYPE=auto``: the policy and steps per compiled call
-``tfpar.training.recommend`` returns for this machine (printed).
+``mixed_bfloat16`` policy; ``DTYPE=auto``: the policy ``tfpar.training.recommend`` returns for
+this machine. ``STEPS_PER_EXECUTION=k``: ``compile(steps_per_execution=k)``; ``auto``: what
+``recommend`` returns (a strategy's run only; plain Keras takes 1). Choices go to stderr.
 """
 
 import os
@@ -42,13 +43,16 @@ def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> No
         strategy = tfpar.strategies.get(name)
     else:
         strategy = tfpar.strategies.get(name, devices=devices)
-    compile_arguments = {}
-    if dtype == "auto":
+    per_call = os.environ.get("STEPS_PER_EXECUTION", "1")
+    compile_arguments = {"steps_per_execution": 1 if per_call == "auto" else int(per_call)}
+    if "auto" in (dtype, per_call) and name != "keras":
         workers = tfpar.cluster.spec.tasks_on_this_host(getattr(strategy, "cluster_resolver",
                                                                 None))
         advice = tfpar.training.recommend(devices if workers == 1 else 1, workers=workers)
-        advice.apply_policy()
-        compile_arguments = advice.compile_arguments()
+        if dtype == "auto":
+            advice.apply_policy()
+        if per_call == "auto":
+            compile_arguments = advice.compile_arguments()
         print("; ".join(advice.reasons), file=sys.stderr)
     with strategy.scope():
         model = tfpar.models.resnet18() if model_name == "resnet18" else tfpar.models.lenet()
