@@ -96,7 +96,7 @@ class CpuTest(tf.test.TestCase):
         info = self.cpu(first + "\nprocessor\t: 1\nflags\t\t: avx512f\n")
         self.assertEqual(info, {"model": "AMD EPYC 7B13", "vector_extension": "AVX2",
                                 "onednn_max_cpu_isa": "unset", "native_bfloat16": "no",
-                                "family_model": "?/?"})
+                                "native_low_precisions": "none", "family_model": "?/?"})
         self.assertEqual(self.cpu("flags : avx2 avx512f avx512bw\n")["vector_extension"],
                          "AVX-512")
         self.assertEqual(self.cpu("flags : sse2\n")["vector_extension"], "none")
@@ -113,6 +113,11 @@ class CpuTest(tf.test.TestCase):
         self.assertEqual(self.cpu("flags : avx2 fma\n")["native_bfloat16"], "no")  # Zen 2.
         self.assertEqual(env.cpu(os.path.join(self.get_temp_dir(), "absent"))
                          ["native_bfloat16"], "unknown")
+        self.assertEqual(self.cpu(amx)["native_low_precisions"], "bfloat16 (AMX-BF16), "
+                         "bfloat16 (AVX512-BF16), float16 (AVX512-FP16)")
+        self.assertEqual(self.cpu(amx, ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16")
+                         ["native_low_precisions"], "bfloat16 (AVX512-BF16)")
+        self.assertEqual(self.cpu("flags : avx2 fma\n")["native_low_precisions"], "none")
         self.assertEqual(machine.native_low_precisions({"avx512_fp16", "amx_bf16"}),
                          ["bfloat16 (AMX-BF16)", "float16 (AVX512-FP16)"])
 

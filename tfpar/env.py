@@ -73,7 +73,9 @@ def collect() -> dict[str, Any]:
                      else "not available (CPU build)"),
         },
         "machine": {"platform": platform.platform(), "cpu_cores": cores,
-                    "cpu": describe_cpu(), "mixed_bfloat16": _mixed_bfloat16()},
+                    "cpu": describe_cpu(),
+                    "native_low_precisions": machine.cpu()["native_low_precisions"],
+                    "mixed_bfloat16": _mixed_bfloat16()},
         "devices": {
             "physical": [d.name for d in tf.config.list_physical_devices()],
             "logical_cpus": devices.logical_cpu_count(),

@@ -71,7 +71,8 @@ def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
         ``family_model`` (``"25/17"``; ``"?"`` where not reported) and ``native_bfloat16``
         (``"yes (AMX-BF16)"``, ``"no"`` or ``"unknown"``: whether Keras's
         ``mixed_bfloat16`` runs on the CPU's own instructions, which machines of one model
-        may differ in).
+        may differ in), ``native_low_precisions`` (every low precision it computes natively,
+        e.g. ``"bfloat16 (AMX-BF16), float16 (AVX512-FP16)"``, ``"none"`` or ``"unknown"``).
     """
     fields = {}
     try:
@@ -88,11 +89,13 @@ def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
     extension = "unknown" if flags is None else next(
         (name for flag, name in _VECTOR_EXTENSIONS if flag in flags), "none")
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "unset")
-    bfloat16 = [name for name in native_low_precisions(flags or set(), cap)
-                if name.startswith("bfloat16")]
+    native = native_low_precisions(flags or set(), cap)
+    bfloat16 = [name for name in native if name.startswith("bfloat16")]
     return {"model": model, "vector_extension": extension, "onednn_max_cpu_isa": cap,
             "native_bfloat16": ("unknown" if flags is None else
                                 f"yes ({bfloat16[0].split('(')[1]}" if bfloat16 else "no"),
+            "native_low_precisions": ("unknown" if flags is None else
+                                      ", ".join(native) or "none"),
             # Two kinds can share a model name (a VM's "Intel Xeon Processor"): the numbers
             # tell them apart.
             "family_model": f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}"}
