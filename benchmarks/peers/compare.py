@@ -63,7 +63,8 @@ def main() -> None:
     parser.add_argument("steps", help="steps per timed fit: make a round last seconds")
     parser.add_argument("rounds", type=int)
     parser.add_argument("output", help="JSON file for every round")
-    parser.add_argument("--only", help="comma list of configuration names")
+    parser.add_argument("--only", help="comma list of configuration names, each at every "
+                                       "--dtype, or NAME@DTYPE for one of them")
     parser.add_argument("--dtype", default="float32",
                         help="comma list of float32, bfloat16 and auto (tfpar's configurations "
                              "only: what tfpar.training.recommend chooses); several are paired "
@@ -79,11 +80,14 @@ def main() -> None:
     if not set(dtypes) <= {"float32", "bfloat16", "auto"}:
         parser.error(f"--dtype={args.dtype}: each must be float32, bfloat16 or auto")
     configs = configurations(args.model, args.batch_size, args.steps)
-    if args.only:
-        configs = {k: v for k, v in configs.items() if k in args.only.split(",")}
+    only = args.only.split(",") if args.only else []
+    if only:  # A name, or a name@dtype for that precision alone.
+        configs = {k: v for k, v in configs.items()
+                   if any(o.split("@")[0] == k for o in only)}
     runs = {(f"{name}@{dtype}" if len(dtypes) > 1 else name): (command, extra, dtype)
             for dtype in dtypes for name, (command, extra) in configs.items()
-            if dtype != "auto" or name.startswith(TAKES_AUTO)}
+            if (dtype != "auto" or name.startswith(TAKES_AUTO))
+            and (not only or name in only or f"{name}@{dtype}" in only)}
     names = list(runs)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args.rounds):

@@ -38,9 +38,11 @@ class PrecisionParityTest(testing.StrategyTestCase, parameterized.TestCase):
         self.assertLessEqual(float32.mean() - bfloat16.mean(), MEAN_GAP, context)
         self.assertGreaterEqual(bfloat16.min(), float32.min() - WORST_GAP, context)
 
-    @parameterized.parameters(("lenet", "mirrored", 1), ("lenet", "mirrored", 2),
-                              ("lenet", "allreduce", 2), ("resnet18", "mirrored", 1),
-                              ("resnet18", "mirrored", 2))
+    @parameterized.named_parameters(
+        (f"_{model}_{strategy}_{devices}", model, strategy, devices)
+        for model, strategy, devices in (("lenet", "mirrored", 1), ("lenet", "mirrored", 2),
+                                         ("lenet", "allreduce", 2), ("resnet18", "mirrored", 1),
+                                         ("resnet18", "mirrored", 2)))
     def test_on_devices(self, model, strategy, devices):
         splits = data.load("digits")
         config = training.TrainConfig(model=model, strategy=strategy, dataset="digits",
@@ -50,7 +52,7 @@ class PrecisionParityTest(testing.StrategyTestCase, parameterized.TestCase):
             for seed in SEEDS] for dtype in ("float32", "mixed_bfloat16")}
         self.assert_parity(accuracies)
 
-    @parameterized.parameters("lenet", "resnet18")
+    @parameterized.named_parameters(("_lenet", "lenet"), ("_resnet18", "resnet18"))
     def test_across_two_workers(self, model):
         accuracies = {}
         for dtype in ("float32", "mixed_bfloat16"):
