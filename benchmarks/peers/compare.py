@@ -131,8 +131,8 @@ def main() -> None:
               f"{_ratio(summary[name]['vs_ceiling'])}")
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump({"model": args.model, "global_batch": args.batch_size, "steps": args.steps,
-                   "dtypes": dtypes,
-                   "steps_per_execution": args.steps_per_execution, "summary": summary}, f, indent=1)
+                   "dtypes": dtypes, "steps_per_execution": args.steps_per_execution,
+                   "summary": summary}, f, indent=1)
 
 
 def _ratio(value: float | None) -> str:
