@@ -1,9 +1,10 @@
-"""bfloat16 trains as well as float32, distributed: test accuracy of LeNet and ResNet-18 on
-``digits`` over several random seeds, in Keras's ``mixed_bfloat16`` against float32, on 1 and 2
-devices and across 2 workers.
+"""bfloat16 trains as well as float32, distributed: LeNet's test accuracy on ``digits`` over
+several random seeds, in Keras's ``mixed_bfloat16`` against float32, on 1 and 2 devices and
+across 2 workers.
 
-Slow (LeNet about 3 minutes on 2 cores, ResNet-18 about 30): ``pytest -m slow``. The figures
-are on the benchmarks page.
+Slow (about 3 minutes on 2 cores): ``pytest -m slow``. The figures are on the benchmarks page.
+ResNet-18 is not here: after 4 epochs of ``digits`` its float32 runs alone differ by seed by
+more than this bar (the benchmarks page has those runs), so a test of it needs longer runs.
 """
 
 import dataclasses
@@ -25,7 +26,7 @@ SEEDS = (0, 1, 2)
 # The bar: the runs' mean within 1.5 points of float32's, and no seed below float32's worst by
 # more than 3 points (one test image of digits is 0.28 points).
 MEAN_GAP, WORST_GAP = 0.015, 0.03
-EPOCHS = {"lenet": 8, "resnet18": 4}
+EPOCHS = {"lenet": 8}
 
 
 @pytest.mark.slow
@@ -41,8 +42,7 @@ class PrecisionParityTest(testing.StrategyTestCase, parameterized.TestCase):
     @parameterized.named_parameters(
         (f"_{model}_{strategy}_{devices}", model, strategy, devices)
         for model, strategy, devices in (("lenet", "mirrored", 1), ("lenet", "mirrored", 2),
-                                         ("lenet", "allreduce", 2), ("resnet18", "mirrored", 1),
-                                         ("resnet18", "mirrored", 2)))
+                                         ("lenet", "allreduce", 2)))
     def test_on_devices(self, model, strategy, devices):
         splits = data.load("digits")
         config = training.TrainConfig(model=model, strategy=strategy, dataset="digits",
@@ -52,7 +52,7 @@ class PrecisionParityTest(testing.StrategyTestCase, parameterized.TestCase):
             for seed in SEEDS] for dtype in ("float32", "mixed_bfloat16")}
         self.assert_parity(accuracies)
 
-    @parameterized.named_parameters(("_lenet", "lenet"), ("_resnet18", "resnet18"))
+    @parameterized.named_parameters(("_lenet", "lenet"))
     def test_across_two_workers(self, model):
         accuracies = {}
         for dtype in ("float32", "mixed_bfloat16"):
