@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tfpar.cluster import launcher
+from tfpar.cluster import private_network
 from tfpar.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -234,16 +236,24 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
             launcher.launch(["/nonexistent", "x"], 2)
 
     def test_a_host_that_is_not_this_machine(self):
-        with self.assertRaisesRegex(launcher.ConfigError, r"Cannot open a port on host "
-                                                          r"'10\.255\.255\.1' .*give one of its "
-                                                          r"addresses, e\.g\. 127\.0\.0\.1"):
-            launcher.launch([sys.executable, "-c", "pass"], 2, host="10.255.255.1",
-                            network="host")
+        # In a network namespace of the test's own (loopback only): nothing can leave it.
+        network = private_network.Namespace()
+        self.addCleanup(network.close)
+        code = ("import sys\nfrom tfpar.cluster import launcher\ntry:\n"
+                "    launcher.launch([sys.executable, '-c', 'pass'], 2, host='10.255.255.1', "
+                "network='host')\nexcept launcher.ConfigError as e:\n    print(e)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, preexec_fn=network.enter)
+        self.assertRegex(result.stdout, r"Cannot open a port on host '10\.255\.255\.1' .*give "
+                                        r"one of its addresses, e\.g\. 127\.0\.0\.1",
+                         result.stderr[-2000:])
 
     def test_a_private_network_has_only_loopback(self):
-        with self.assertRaisesRegex(ConfigError, r"A private network has only loopback: host "
-                                                 r"must be a loopback address .* Received: "
-                                                 r"'10\.0\.0\.1'"):
+        # Refused from the address alone, before any socket exists.
+        with mock.patch.object(socket, "socket", side_effect=AssertionError("a socket")), \
+                self.assertRaisesRegex(ConfigError, r"A private network has only loopback: "
+                                                    r"host must be a loopback address .* "
+                                                    r"Received: '10\.0\.0\.1'"):
             launcher.launch([sys.executable, "-c", "pass"], 2, host="10.0.0.1")
 
     def test_starts_again_with_new_ports_when_a_port_was_taken(self):

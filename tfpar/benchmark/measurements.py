@@ -278,19 +278,10 @@ def chosen_for_the_machine(sweep: Sequence[Configuration], dtype: bool,
 
     def choice(count: int, workers: int) -> tuple[dict[str, Any], str]:
         if (count, workers) not in chosen:
-            tuned = recommendations.tuned_record(count, workers)
-            changes: dict[str, Any] = {}
-            said = []
-            if dtype:
-                changes["dtype"], why = recommendations.precision({"CPU"}, tuned=tuned)
-                said.append(f"precision {changes['dtype']} ({why})")
-            if steps_per_execution:
-                changes["steps_per_execution"], why = recommendations.steps_per_call(
-                    count, workers)
-                said.append(f"{changes['steps_per_execution']} step(s) per compiled call "
-                            f"({why})")
+            changes, said = recommendations.chosen({"CPU"}, count, workers, dtype=dtype,
+                                                   steps_per_execution=steps_per_execution)
             where = f"{workers} worker processes" if workers > 1 else f"{count} device(s)"
-            chosen[count, workers] = changes, f"Chosen for {where}: {'; '.join(said)}."
+            chosen[count, workers] = changes, f"Chosen for {where}: {said}."
         return chosen[count, workers]
 
     for_strategies: dict[int, dict[str, Any]] = {}

@@ -118,6 +118,37 @@ def steps_per_call(num_devices: int, workers: int = 1) -> tuple[int, str]:
                "steps per call)")
 
 
+def chosen(device_types: set[str], num_devices: int, workers: int = 1, *, dtype: bool = True,
+           steps_per_execution: bool = True, accuracy_note: str = ""
+           ) -> tuple[dict[str, Any], str]:
+    """What ``dtype="auto"`` and ``steps_per_execution="auto"`` become for these devices, and
+    why, as the train command and the benchmark say it.
+
+    Args:
+        device_types: ``{"CPU"}`` or ``{"GPU"}``.
+        num_devices: Devices of the process.
+        workers: Worker processes of a multi-worker job on this host, or 1.
+        dtype: Choose the precision.
+        steps_per_execution: Choose the steps per compiled call.
+        accuracy_note: Added to the precision's reason when it is not float32.
+
+    Returns:
+        The chosen fields (``dtype``, ``steps_per_execution``) and one clause per choice,
+        joined by ``"; "``.
+    """
+    changes: dict[str, Any] = {}
+    said = []
+    if dtype:
+        changes["dtype"], why = precision(device_types,
+                                          tuned=tuned_record(num_devices, workers))
+        note = accuracy_note if changes["dtype"] != "float32" else ""
+        said.append(f"precision {changes['dtype']} ({why}{note})")
+    if steps_per_execution:
+        changes["steps_per_execution"], why = steps_per_call(num_devices, workers)
+        said.append(f"{changes['steps_per_execution']} step(s) per compiled call ({why})")
+    return changes, "; ".join(said)
+
+
 def recommend(devices: Any = 1, *, workers: int = 1) -> Recommendation:
     """Returns the precision and steps per compiled call recommended here.
 

@@ -319,21 +319,12 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
     if not (auto_dtype or auto_steps):
         return config
     workers = cluster_spec.tasks_on_this_host(getattr(strategy, "cluster_resolver", None))
-    changes: dict[str, Any] = {}
-    said = []
-    if auto_dtype:
-        changes["dtype"], why = recommendations.precision(
-            {name.split(":")[0] for name in device_set},
-            tuned=recommendations.tuned_record(len(device_set), workers))
-        said.append(f"precision {changes['dtype']} ({why}" + (
-            "; test accuracy as in float32 over several runs, on the benchmarks page)"
-            if changes["dtype"] != "float32" else ")"))
-    if auto_steps:
-        changes["steps_per_execution"], why = recommendations.steps_per_call(
-            len(device_set), workers)
-        said.append(f"{changes['steps_per_execution']} step(s) per compiled call ({why})")
+    changes, said = recommendations.chosen(
+        {name.split(":")[0] for name in device_set}, len(device_set), workers,
+        dtype=auto_dtype, steps_per_execution=auto_steps,
+        accuracy_note="; test accuracy as in float32 over several runs, on the benchmarks page")
     if cluster_spec.is_chief(strategy):
-        print(f"Chosen for this machine: {'; '.join(said)}.", flush=True)
+        print(f"Chosen for this machine: {said}.", flush=True)
     return dataclasses.replace(config, strategy=config.choice, **changes)
 
 
