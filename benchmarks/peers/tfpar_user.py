@@ -7,7 +7,9 @@ STRATEGY is a registry entry (``mirrored``, ``allreduce``; ``multi_worker*`` und
 threads). Prints ``img/s X``: the steady state of one ``fit`` of STEPS steps after warm-up,
 from the end of its first step to the end of its last. ``DTYPE=bfloat16``: Keras's
 ``mixed_bfloat16`` policy; ``DTYPE=auto``: the policy ``tfpar.training.recommend`` returns for
-this machine. ``STEPS_PER_EXECUTION=k``: ``compile(steps_per_execution=k)``; ``auto``: what
+this machine. ``START_ON_LINE=1``: after warm-up, print ``warm`` and start the timed ``fit``
+on a line from stdin (how ``independent.py`` starts its processes together).
+``STEPS_PER_EXECUTION=k``: ``compile(steps_per_execution=k)``; ``auto``: what
 ``recommend`` returns (a strategy's run only; plain Keras takes 1). Choices go to stderr.
 """
 
@@ -65,9 +67,17 @@ def main(name: str, devices: int, model_name: str, batch: int, steps: int) -> No
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     clock = Clock()
     model.fit(data, epochs=1, steps_per_epoch=3, verbose=0)  # Warm-up: tracing.
+    if os.environ.get("START_ON_LINE"):  # Side by side with others: start when told.
+        print("warm", flush=True)
+        sys.stdin.readline()
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
     (first, start), (last, end) = clock.ends[0], clock.ends[-1]
-    print(f"img/s {batch * (last - first) / (end - start):.2f}")
+    images = batch * (last - first)
+    # The window on the wall clock too, so that side-by-side processes can be summed over
+    # the time they all ran.
+    offset = time.time() - time.perf_counter()
+    print(f"img/s {images / (end - start):.2f} images {images} from {start + offset:.4f} "
+          f"to {end + offset:.4f}")
 
 
 if __name__ == "__main__":
