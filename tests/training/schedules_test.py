@@ -1,11 +1,14 @@
-"""Tests of the linear warm-up schedule, alone and under fit with every kind of step."""
+"""Tests of the learning-rate schedules (linear warm-up, cosine decay), alone and under fit
+with every kind of step, and of the train command's choice between them."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar import data
 from tfpar import testing
+from tfpar import training
 from tfpar.training import schedules
 from tfpar.training.config import TrainConfig
 
@@ -44,6 +47,45 @@ class LinearWarmupTest(testing.StrategyTestCase):
                                                 r"Received: warmup_epochs=-1\."):
             TrainConfig(warmup_epochs=-1)
 
+
+class LearningRateTest(testing.StrategyTestCase):
+
+    def test_constant_is_the_number_itself(self):
+        self.assertEqual(schedules.learning_rate(0.1, total_steps=10), 0.1)
+
+    def test_constant_after_a_warm_up(self):
+        rate = schedules.learning_rate(0.4, warmup_start=0.1, warmup_steps=3, total_steps=10)
+        self.assertAllClose([rate(s) for s in (0, 3, 9)], [0.1, 0.4, 0.4])
+
+    def test_cosine_decays_to_zero_at_the_end(self):
+        rate = schedules.learning_rate(0.2, total_steps=10, decay="cosine")
+        # A half cosine: the peak at step 0, half of it midway, 0 at the last step.
+        self.assertAllClose([rate(s) for s in (0, 5, 10)], [0.2, 0.1, 0.0], atol=1e-7)
+
+    def test_cosine_after_a_warm_up(self):
+        rate = schedules.learning_rate(0.4, warmup_start=0.0, warmup_steps=4, total_steps=12,
+                                       decay="cosine")
+        self.assertAllClose([rate(s) for s in (0, 2, 4, 8, 12)], [0.0, 0.2, 0.4, 0.2, 0.0],
+                            atol=1e-7)
+
+    def test_an_unknown_decay(self):
+        with self.assertRaisesRegex(ValueError, r"decay must be one of constant, cosine\. "
+                                                r"Received: decay='step'\."):
+            schedules.learning_rate(0.1, decay="step")
+        with self.assertRaisesRegex(ValueError, r"lr_decay must be one of"):
+            TrainConfig(lr_decay="step")
+
+    @parameterized.parameters("mirrored", "allreduce")
+    def test_a_run_decays_to_zero_at_its_end(self, strategy):
+        # 64 examples in batches of 16, 2 epochs: 8 updates; the rate after 4 is half the peak.
+        rates = []
+        record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: rates.append(
+            float(record.model.optimizer.learning_rate)))
+        config = TrainConfig(strategy=strategy, dataset="synthetic", epochs=2, batch_size=16,
+                             lr=0.1, lr_decay="cosine", verbose=0)
+        training.train_on_devices(config, 2, data.load("synthetic", synthetic_size=(64, 16)),
+                                  callbacks=[record])
+        self.assertAllClose(rates, [0.05, 0.0], atol=1e-6)
 
 if __name__ == "__main__":
     tf.test.main()

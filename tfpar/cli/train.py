@@ -55,8 +55,8 @@ OPTION_FLAGS = {name: flag for group in OPTION_GROUPS
 # How --help groups the flags (every flag of this module appears in exactly one group).
 HELP_GROUPS = {
     "What to train": ("model", "dataset", "data_dir", "epochs", "batch_size", "lr",
-                      "scale_with_devices", "warmup_epochs", "optimizer", "momentum", "seed",
-                      "dtype"),
+                      "scale_with_devices", "warmup_epochs", "lr_decay", "optimizer", "momentum",
+                      "seed", "dtype"),
     "Devices and strategy": ("strategy", "list_strategies", "num_devices", "devices",
                              "cross_device_ops", "sync_batchnorm"),
     "The hand-written all-reduce step (allreduce*)": ("allreduce", "bytes_per_pack",

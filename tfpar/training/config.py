@@ -19,6 +19,8 @@ from tfpar.strategies import registry
 from tfpar.strategies.registry import StrategyChoice
 
 OPTIMIZERS = ("sgd", "adam")
+# How the learning rate changes after the warm-up (tfpar.training.schedules.learning_rate).
+LR_DECAYS = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
 # What the train command also takes: chosen for the hardware (tfpar.training.recommendations).
 AUTO = "auto"
@@ -48,6 +50,8 @@ class TrainConfig:
         warmup_epochs: Raise the learning rate linearly over this many epochs: from ``lr`` to
             the scaled rate with ``scale_with_devices`` on several devices (Goyal et al.), else
             from 0 (0: no warm-up).
+        lr_decay: After the warm-up, keep the learning rate (constant) or decay it to 0 at the
+            end of the last epoch along a half cosine (cosine).
         optimizer: Optimizer (SGD with ``momentum``, or Adam).
         momentum: SGD momentum (0: plain SGD).
         epochs: Training epochs.
@@ -86,6 +90,7 @@ class TrainConfig:
     lr: float = 0.05
     scale_with_devices: bool = False
     warmup_epochs: float = 0.0
+    lr_decay: str = field("constant", choices=LR_DECAYS)
     optimizer: str = field("sgd", choices=OPTIMIZERS)
     momentum: float = 0.9
     epochs: int = 10

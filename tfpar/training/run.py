@@ -221,10 +221,14 @@ def _compiled_model(config: TrainConfig, device_set: devices_lib.DeviceSet,
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    warmup_steps = max(1, round(config.warmup_epochs * steps_per_epoch))
+    rate = schedules.learning_rate(
+        lr, warmup_start=config.warmup_start(len(device_set)),
+        warmup_steps=(max(1, round(config.warmup_epochs * steps_per_epoch))
+                      if config.warmup_epochs else 0),
+        total_steps=config.epochs * steps_per_epoch, decay=config.lr_decay)
     model = build_compiled_model(
         config.model, splits.image_shape, splits.num_classes, strategy,
-        lambda: _optimizer(config, lr, config.warmup_start(len(device_set)), warmup_steps),
+        lambda: _optimizer(config, rate),
         dtype=config.dtype, jit_compile=config.jit_compile,
         steps_per_execution=int(config.steps_per_execution), sync_batchnorm=config.sync_batchnorm)
     loading.check_image_shape(splits, model.input_shape[1:])
@@ -289,12 +293,8 @@ def _fit(model: keras.Model, train: tf.data.Dataset, fit_args: dict[str, Any],
                             ) from None
 
 
-def _optimizer(config: TrainConfig, lr: float, warmup_start: float, warmup_steps: int
-               ) -> keras.optimizers.Optimizer:
-    """The configured optimizer; with ``warmup_epochs``, its rate rises linearly from
-    ``warmup_start`` to ``lr`` over ``warmup_steps`` steps."""
-    rate = (schedules.LinearWarmup(warmup_start, lr, warmup_steps) if config.warmup_epochs
-            else lr)
+def _optimizer(config: TrainConfig, rate: Any) -> keras.optimizers.Optimizer:
+    """The configured optimizer, at learning rate ``rate`` (a number or a schedule)."""
     if config.optimizer == "adam":
         return keras.optimizers.Adam(rate)
     return keras.optimizers.SGD(rate, momentum=config.momentum)
