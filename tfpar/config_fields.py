@@ -96,3 +96,17 @@ def check_choices(config: Any, error: type[TfparError]) -> None:
         if allowed is not None and value not in allowed:
             raise error(f"{{argument}} must be one of {', '.join(allowed)}. "
                         f"Received: {{argument}}={value!r}.", argument=f.name)
+
+
+def normalise_count_or(config: Any, name: str, word: str, error: type[TfparError]) -> None:
+    """Makes field ``name`` of frozen dataclass instance ``config`` an integer when it is a
+    string of digits (``"8"``, as a flag gives it), then raises ``error`` unless it is an
+    integer >= 1 or the string ``word`` (``"auto"``)."""
+    value = getattr(config, name)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+        object.__setattr__(config, name, value)
+    if not (value == word or (isinstance(value, int) and not isinstance(value, bool)
+                              and value >= 1)):
+        raise error(f"{{argument}} must be an integer >= 1 or {word!r}. "
+                    f"Received: {{argument}}={value!r}.", argument=name)

@@ -87,6 +87,8 @@ class ScriptTest(tf.test.TestCase):
                  "--steps must be at least 16. Received: --steps=10."),
                 (["--steps_per_execution=two"], "--steps_per_execution must be an integer >= 1 "
                  "or 'auto'. Received: --steps_per_execution='two'."),
+                (["--steps_per_execution=0"], "--steps_per_execution must be an integer >= 1 "
+                 "or 'auto'. Received: --steps_per_execution=0."),
                 (["--tune", "--num_devices=2", "--dtype=auto"],
                  "--dtype=auto chooses from what tune stores; tune times the precisions and "
                  "steps per call itself. Give tune a fixed value (float32 and 1 time the "

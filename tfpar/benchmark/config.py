@@ -94,22 +94,14 @@ class BenchmarkConfig:
         for name in self.strategies:
             strategies.entry(name)
         config_fields.check_choices(self, ConfigError)
-        if isinstance(self.steps_per_execution, str) and self.steps_per_execution.isdigit():
-            object.__setattr__(self, "steps_per_execution", int(self.steps_per_execution))
+        config_fields.normalise_count_or(self, "steps_per_execution", AUTO, ConfigError)
         auto_steps = self.steps_per_execution == AUTO
-        if not auto_steps and (not isinstance(self.steps_per_execution, int)
-                               or isinstance(self.steps_per_execution, bool)):
-            raise ConfigError("{argument} must be an integer >= 1 or 'auto'. Received: "
-                              f"{{argument}}={self.steps_per_execution!r}.",
-                              argument="steps_per_execution")
         per_call = (_MOST_TUNED_STEPS_PER_EXECUTION if auto_steps
                     else int(self.steps_per_execution))
         for name, least in (("num_devices", 1), ("steps", 2 * per_call),
                             ("rounds", 1), ("warmup_steps", 0), ("profile_steps", 0),
-                            ("steps_per_execution", 1), ("threads_per_device", 1),
-                            ("epoch_examples", 1)):
-            if not (name == "steps_per_execution" and auto_steps):
-                _at_least(name, getattr(self, name), least)
+                            ("threads_per_device", 1), ("epoch_examples", 1)):
+            _at_least(name, getattr(self, name), least)
         if self.tune and AUTO in (self.dtype, self.steps_per_execution):
             which = "dtype" if self.dtype == AUTO else "steps_per_execution"
             raise ConfigError("{argument}=auto chooses from what tune stores; tune times "

@@ -126,13 +126,7 @@ class TrainConfig:
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
-        if isinstance(self.steps_per_execution, str) and self.steps_per_execution.isdigit():
-            object.__setattr__(self, "steps_per_execution", int(self.steps_per_execution))
-        _check(self.steps_per_execution == AUTO or (
-            isinstance(self.steps_per_execution, int) and not isinstance(
-                self.steps_per_execution, bool) and self.steps_per_execution >= 1),
-               "steps_per_execution", f"{{argument}} must be an integer >= 1 or 'auto'. "
-               f"{received}{self.steps_per_execution!r}.")
+        config_fields.normalise_count_or(self, "steps_per_execution", AUTO, ConfigError)
         _check(self.profile_steps is None or (len(self.profile_steps) == 2
                                               and 1 <= self.profile_steps[0]
                                               <= self.profile_steps[1]), "profile_steps",
