@@ -5,9 +5,9 @@ More devices and gradient accumulation multiply the global batch; the linear sca
 multiplies the learning rate with it, and a few epochs of linear warm-up keep the first steps,
 when the weights change fastest, from diverging. A cosine decay to 0 over the run (Keras's
 ``CosineDecay``, after the warm-up) ends a run with small steps, so its final weights depend
-less on the last batches seen. Both are Keras
-``LearningRateSchedule`` objects, so they work under every strategy (the optimizer evaluates
-them at its own ``iterations``, identical on every replica, and restored on resume).
+less on the last batches seen. Both are Keras ``LearningRateSchedule`` objects, so they work
+under every strategy (the optimizer evaluates them at its own ``iterations``, identical on
+every replica, and restored on resume).
 """
 
 from __future__ import annotations
