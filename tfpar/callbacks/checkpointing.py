@@ -1,11 +1,14 @@
-"""Epoch checkpoints for kill-and-resume, with ``tf.train.CheckpointManager``.
+"""Training-state checkpoints for kill-and-resume, with ``tf.train.CheckpointManager``.
 
 After every epoch the model's weights, the optimizer's state and the number of finished
-epochs are saved. TensorFlow writes each checkpoint's files first and then replaces the small
-``checkpoint`` index file atomically, so a run killed at any moment leaves the previous
-complete checkpoint as the latest one. In multi-worker training every worker takes part in
-saving (it may run collective ops), but only the chief writes to ``directory``; the others
-write to a scratch folder they delete.
+epochs are saved; :meth:`EpochCheckpoint.save_inside_epoch` also saves in the middle of an
+epoch (after a preemption notice, :mod:`tfpar.callbacks.preemption`), with the step and the
+epoch's metrics so far, and a run restored from such a state starts that epoch at the next
+step (:mod:`tfpar.compat.mid_epoch_resume`). TensorFlow writes each checkpoint's files first
+and then replaces the small ``checkpoint`` index file atomically, so a run killed at any moment
+leaves the previous complete checkpoint as the latest one. In multi-worker training every
+worker takes part in saving (it may run collective ops), but only the chief writes to
+``directory``; the others write to a scratch folder they delete.
 
 It is a Keras callback, so resuming behaves the same under every strategy.
 """
@@ -22,11 +25,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfpar import atomic_io
+from tfpar.cluster import preemption
 from tfpar.cluster import spec as cluster_spec
+from tfpar.compat import keras_fixes
+from tfpar.compat import mid_epoch_resume
 from tfpar.errors import ConfigError
 from tfpar.errors import StateNotSavedError
 
@@ -57,6 +64,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
     """
 
     MADE_WITH_FILE = "made_with.json"
+    # Each checkpoint's position ({"ckpt-N": [epochs finished, steps of the next epoch]}),
+    # written before the checkpoint (so a launcher reads it without TensorFlow).
+    POSITIONS_FILE = "positions.json"
     # Every saved epoch's logs (loss, metrics, test accuracy), so that a resumed run reports
     # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
@@ -75,21 +85,40 @@ class EpochCheckpoint(keras.callbacks.Callback):
         # Only a worker of a multi-worker job is not the chief: it has a cluster resolver.
         self._write_dir = directory if self._chief or resolver is None else os.path.join(
             directory, f".worker_{resolver.task_type}_{resolver.task_id}")
+        self._model, self._max_to_keep = model, max_to_keep
         with strategy.scope():
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
                                            name="epochs_done")
+            #: Steps of epoch ``epochs_done`` done when the state was saved (0 at an epoch end).
+            self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
             # The optimizer's slots must exist before a restore can fill them. Building twice
             # would replace the slots on optimizers that do not guard against it.
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
+        self._metric_variables: list = []
+        self._last_number = 0
+        self._manager = self._make_manager()
+        #: Where the restored epoch resumes (0: at its start), and its metrics until then.
+        self.resume_step = 0
+        self._resume_metrics: list[np.ndarray] = []
+        self._began = False
+
+    def _parts(self, metric_variables: list | None = None) -> dict[str, Any]:
         # Keras 3 models expose no checkpoint dependencies of their own; their variables
-        # (BatchNorm statistics too) are tracked as a list.
-        self._checkpoint = tf.train.Checkpoint(model_variables=list(model.variables),
-                                               optimizer=model.optimizer,
-                                               epochs_done=self.epochs_done)
+        # (BatchNorm statistics too) are tracked as a list, and so are the metrics' (the
+        # running loss and metrics of a partly trained epoch), once fit has built them.
+        parts = dict(model_variables=list(self._model.variables),
+                     optimizer=self._model.optimizer, epochs_done=self.epochs_done,
+                     steps_done=self.steps_done)
+        if metric_variables:
+            parts["metric_variables"] = metric_variables
+        return parts
+
+    def _make_manager(self) -> tf.train.CheckpointManager:
+        checkpoint = tf.train.Checkpoint(**self._parts(self._metric_variables))
         with _readable_index(self._write_dir):
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self._write_dir,
-                                                       max_to_keep=max_to_keep)
+            return tf.train.CheckpointManager(checkpoint, self._write_dir,
+                                              max_to_keep=self._max_to_keep)
 
     @property
     def latest(self) -> str | None:
@@ -107,46 +136,110 @@ class EpochCheckpoint(keras.callbacks.Callback):
             return
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        differ = [f"{key}={saved.get(key)!r} (now {value!r})"
-                  for key, value in self.made_with.items() if saved.get(key) != value]
+        differ = [f"{key}={saved[key]!r} (now {value!r})"  # Keys saved by older versions.
+                  for key, value in self.made_with.items() if saved.get(key, value) != value]
         if differ:
             raise ConfigError(f"The training state in {self.directory} was made with "
                               f"{', '.join(differ)}. Start over (resume=False), or use another "
                               "model_dir.")
 
     def restore(self) -> int:
-        """Restores the latest checkpoint of ``directory``; returns the epochs it had finished.
+        """Restores the latest checkpoint of ``directory``; returns the epoch to start at.
+
+        A state saved inside an epoch resumes that epoch at its next step
+        (:attr:`resume_step`), when this callback's ``fit`` begins it.
 
         Returns:
             The number of finished epochs (0 when there is no checkpoint).
 
         Raises:
-            ConfigError: If the state was made with something else (see ``made_with``) or
-                the index is unreadable.
+            ConfigError: If the state was made with something else (see ``made_with``), the
+                index is unreadable, or the state was saved inside an epoch on a Keras where
+                tfpar cannot start ``fit`` inside one.
         """
         latest = self.latest
         if latest is None:
             return 0
         self._check_made_with()
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
-        epochs = int(self.epochs_done.numpy())
+        reader = tf.train.load_checkpoint(latest)
+        saved = reader.get_variable_to_shape_map()
+        parts = self._parts()
+        if _VALUE.format("steps_done") not in saved:  # Saved before steps were recorded.
+            del parts["steps_done"]
+        # The metrics are read below, when the resumed epoch begins.
+        tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched(
+        ).expect_partial()
+        epochs, self.resume_step = int(self.epochs_done.numpy()), int(self.steps_done.numpy())
+        self._last_number = _number_of(latest)
+        if self.resume_step:
+            reason = keras_fixes.skip_reason()
+            if reason:
+                raise ConfigError(
+                    f"The state in {self.directory} was saved at step {self.resume_step} of "
+                    f"epoch {epochs + 1}; resuming inside an epoch needs tfpar's fix of Keras's "
+                    f"fit, which is not applied ({reason}). Start over (resume=False).")
+            keras_fixes.install(("mid_epoch_start",))
+            keys = [_VALUE.format(f"metric_variables/{i}") for i in range(len(saved))]
+            self._resume_metrics = [reader.get_tensor(key) for key in keys if key in saved]
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
         return epochs
 
-    def _save(self, epoch: int) -> str:
-        """Writes the history (chief) and the checkpoint of ``epoch``; returns its path."""
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(epochs finished, steps of the next epoch done)`` of the last state saved or
+        restored."""
+        return int(self.epochs_done.numpy()), int(self.steps_done.numpy())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._began:
+            return
+        self._began = True  # The first epoch of this fit: resumes at the restored step.
+        if self.resume_step and epoch == int(self.epochs_done.numpy()):
+            mid_epoch_resume.start_next_epoch_at(self.resume_step)
+            mid_epoch_resume.assign_metric_values(self.model, self._resume_metrics)
+            logging.info("Epoch %d resumes at step %d.", epoch + 1, self.resume_step)
+
+    def on_train_begin(self, logs=None):
+        self._began = False
+
+    def _save(self, epochs: int, steps: int) -> str:
+        """Writes the history (chief) and the checkpoint of the position ``(epochs finished,
+        steps of the next epoch)``; returns its path."""
+        metric_variables = list(self._model.metrics_variables)
+        if len(metric_variables) != len(self._metric_variables):  # Built by fit since.
+            self._metric_variables = metric_variables
+            self._manager = self._make_manager()
+        number = max(int(self._model.optimizer.iterations.numpy()), self._last_number + 1)
         if self._chief:
             os.makedirs(self.directory, exist_ok=True)
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
-        self.epochs_done.assign(epoch + 1)
-        path = self._manager.save(checkpoint_number=epoch + 1)
+            positions = self._positions()
+            positions[f"ckpt-{number}"] = [epochs, steps]
+            atomic_io.write_json(os.path.join(self.directory, self.POSITIONS_FILE),
+                                 dict(sorted(positions.items(), key=lambda kv: _number_of(
+                                     kv[0]))[-(self._max_to_keep + 1):]))
+        self.epochs_done.assign(epochs)
+        self.steps_done.assign(steps)
+        path = self._manager.save(checkpoint_number=number)
+        self._last_number = number
         if self._chief and self.made_with and not self._made_with_written:
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
                                  self.made_with)
             self._made_with_written = True
         return path
+
+    def _positions(self) -> dict[str, list[int]]:
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.directory, self.POSITIONS_FILE), encoding="utf-8") as f:
+                return dict(json.load(f))
+        return {}
+
+    def describe(self, epochs: int, steps: int) -> str:
+        """A saved position in words, e.g. ``"epoch 3 step 17 in DIR"`` (1-based epoch)."""
+        where = f"the end of epoch {epochs}" if not steps else _short(epochs, steps)
+        return f"{where} in {self.directory}"
 
     def _remove_partial_saves(self) -> None:
         """Removes what a failed save left: TensorFlow's ``<prefix>_temp`` folders."""
@@ -164,20 +257,63 @@ class EpochCheckpoint(keras.callbacks.Callback):
         for name, value in (logs or {}).items():
             with contextlib.suppress(TypeError, ValueError):
                 self.history.setdefault(name, []).append(float(value))
+        self._save_or_raise(epoch + 1, 0)
+
+    def save_inside_epoch(self, epoch: int, steps: int) -> str:
+        """Saves the state after ``steps`` steps of ``epoch`` (0-based), with the epoch's
+        metrics so far; a run restored from it starts ``epoch`` at step ``steps``.
+
+        Every worker of a job must call it at the same step (saving may run collectives).
+
+        Returns:
+            The position in words (see :meth:`describe`).
+
+        Raises:
+            StateNotSavedError: If the state could not be written (the last one is intact).
+        """
+        self._save_or_raise(epoch, steps)
+        return self.describe(epoch, steps)
+
+    def _save_or_raise(self, epochs: int, steps: int) -> None:
         try:
-            path = self._save(epoch)
+            path = self._save(epochs, steps)
         except (OSError, tf.errors.OpError) as e:
             self._remove_partial_saves()
             reason = e.strerror if isinstance(e, OSError) else re.sub(
                 r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
             last = self._manager.latest_checkpoint
-            resume = (f"the state of epoch {last.rsplit('-', 1)[-1]} is intact"
-                      if last else "no epoch was saved before")
+            resume = (f"the state of {self._short_position_of(last)} is intact"
+                      if last else "no state was saved before")
             raise StateNotSavedError(
-                f"Could not save the training state of epoch {epoch + 1} in {self._write_dir} "
+                f"Could not save the training state of {_short(epochs, steps)} in "
+                f"{self._write_dir} "
                 f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
                 "make it writable) and run again to resume.") from None
+        preemption.saved(self.describe(epochs, steps))
         if self._chief:
-            logging.info("Saved training state after epoch %d to %s", epoch + 1, path)
+            logging.info("Saved training state at %s (%s)", self.describe(epochs, steps), path)
         else:
             shutil.rmtree(self._write_dir, ignore_errors=True)
+
+    def position_of(self, path: str) -> str:
+        """The position of the checkpoint at ``path`` in words (``"epoch 3 step 17"``, or
+        ``"the end of epoch 2"``)."""
+        epochs, steps = self._positions().get(os.path.basename(path), [_number_of(path), 0])
+        return f"the end of epoch {epochs}" if not steps else _short(epochs, steps)
+
+    def _short_position_of(self, path: str) -> str:
+        return _short(*self._positions().get(os.path.basename(path), [_number_of(path), 0]))
+
+
+def _short(epochs: int, steps: int) -> str:
+    """A position in few words: ``"epoch 2"`` (finished) or ``"epoch 3 step 17"``."""
+    return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
+
+
+# A variable's value under its checkpoint key.
+_VALUE = "{}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _number_of(path: str) -> int:
+    """The number of a checkpoint path ``.../ckpt-N``."""
+    return int(path.rsplit("-", 1)[-1])

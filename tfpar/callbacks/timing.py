@@ -33,20 +33,32 @@ class EpochTimer(keras.callbacks.Callback):
         self.examples_per_epoch = examples_per_epoch
         self._clock = clock
         self._start = 0.0  # Set when each epoch begins.
+        self._first_step: int | None = None  # The epoch's first step run (a resumed one's > 0).
         self.epoch_seconds: list[float] = []
+        #: Examples each finished epoch trained on (fewer in one resumed inside the epoch).
+        self.epoch_examples: list[int] = []
 
     def on_train_begin(self, logs=None):
-        self.epoch_seconds = []
+        self.epoch_seconds, self.epoch_examples = [], []
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = self._clock()
+        self._start, self._first_step = self._clock(), None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._first_step is None:
+            self._first_step = batch
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = self._clock() - self._start
+        steps = (self.params or {}).get("steps")
+        examples = self.examples_per_epoch
+        if steps and self._first_step:  # Resumed inside the epoch: only its rest ran.
+            examples = round(examples * (steps - self._first_step) / steps)
         self.epoch_seconds.append(seconds)
+        self.epoch_examples.append(examples)
         if logs is not None:
             logs["epoch_seconds"] = seconds
-            logs["images_per_second"] = self.examples_per_epoch / seconds
+            logs["images_per_second"] = examples / seconds
 
     @property
     def first_epoch_seconds(self) -> float:
@@ -66,4 +78,5 @@ class EpochTimer(keras.callbacks.Callback):
     @property
     def steady_images_per_second(self) -> float:
         """Images per second over the steady epochs."""
-        return self.examples_per_epoch / self.steady_epoch_seconds
+        examples = self.epoch_examples[1:] or self.epoch_examples or [self.examples_per_epoch]
+        return statistics.fmean(examples) / self.steady_epoch_seconds

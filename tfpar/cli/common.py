@@ -17,6 +17,7 @@ from typing import Any
 from absl import app
 from absl import flags
 
+from tfpar.cluster import preemption
 from tfpar.errors import ConfigError
 from tfpar.errors import TfparError
 
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
     from tfpar.strategies import StrategyChoice
 
 INTERRUPTED = ("Interrupted. Result files are untouched or complete; with --model_dir, the "
-               "state of the last finished epoch is there: run the same command to resume.")
-# After SIGTERM or Ctrl-C, how long the program may take to stop by itself before it is
-# ended: its main thread can be blocked in TensorFlow (a collective waiting for a worker that
-# has already stopped), where Python cannot raise KeyboardInterrupt.
+               "last saved state is there: run the same command to resume.")
+# After Ctrl-C (or SIGTERM where it is no preemption notice), how long the program may take to
+# stop by itself before it is ended: its main thread can be blocked in TensorFlow (a collective
+# waiting for a worker that has already stopped), where Python cannot raise KeyboardInterrupt.
 STOP_GRACE_SECONDS = 5.0
 _reported = threading.Event()  # The interruption was reported by the main thread.
 _running = threading.Event()  # A wrapped main is running (the watcher acts only then).
@@ -43,7 +44,8 @@ def flag_name(argument: str, aliases: dict[str, str] | None = None) -> str:
 def exit_cleanly(main: Callable[[list[str]], Any],
                  aliases: dict[str, str] | None = None) -> Callable[[list[str]], Any]:
     """Wraps an absl ``main``: a user error prints one line and exits with status 2 (or the
-    error's ``exit_status``); SIGTERM and Ctrl-C stop it with status 130.
+    error's ``exit_status``); Ctrl-C (and SIGTERM, unless ``main`` watches it as a preemption
+    notice) stops it with status 130.
 
     A library error about an argument names the flag that sets it (``--data_dir`` for
     ``data_dir``; ``aliases`` maps arguments to flags of other names).
@@ -51,8 +53,9 @@ def exit_cleanly(main: Callable[[list[str]], Any],
 
     @functools.wraps(main)
     def wrapped(argv):
-        # SIGTERM (a scheduler, kill) stops the program as Ctrl-C does: files are written
-        # atomically, so only complete results and checkpoints are left behind.
+        # SIGTERM stops the program as Ctrl-C does (files are written atomically, so only
+        # complete results and checkpoints are left behind), unless the program watches it as
+        # a preemption notice (tfpar.cluster.preemption), which replaces this handler.
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         _end_if_stuck_after_signal()
         _running.set()
@@ -77,30 +80,26 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def _end_if_stuck_after_signal() -> None:
-    """Ends the process STOP_GRACE_SECONDS after SIGTERM/SIGINT if it has not stopped by then.
-
-    Python runs signal handlers only between bytecodes of the main thread; its C-level handler
-    also writes the signal number to the wakeup descriptor at once, which a watcher thread reads.
-    """
+    """Ends the process STOP_GRACE_SECONDS after Ctrl-C (or a SIGTERM that is no preemption
+    notice) if it has not stopped by then; a notice has a budget of its own."""
     if _watching:
         return
     _watching.append(True)
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
 
-    def watch():
-        while True:
-            if os.read(read_end, 1)[0] in (signal.SIGTERM, signal.SIGINT) and _running.is_set():
-                time.sleep(STOP_GRACE_SECONDS)
-                if _running.is_set():  # The main thread did not get out by itself.
-                    break
-        if not _reported.is_set():
-            print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)", file=sys.stderr,
-                  flush=True)
-        os._exit(130)
+    def end_later() -> None:
+        time.sleep(STOP_GRACE_SECONDS)
+        if _running.is_set():  # The main thread did not get out by itself.
+            if not _reported.is_set():
+                print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)",
+                      file=sys.stderr, flush=True)
+            os._exit(130)
 
-    threading.Thread(target=watch, name="tfpar-stop-watch", daemon=True).start()
+    def on_arrival(signum: int) -> None:
+        if (signum in (signal.SIGTERM, signal.SIGINT) and _running.is_set()
+                and not preemption.is_notice(signum)):
+            threading.Thread(target=end_later, name="tfpar-stop-watch", daemon=True).start()
+
+    preemption.on_arrival(on_arrival)
 
 
 def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:

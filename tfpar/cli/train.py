@@ -21,6 +21,7 @@ from tfpar.cli import common
 from tfpar.cli import config_flags
 from tfpar.cli import train_report as report
 from tfpar.cluster import launcher
+from tfpar.cluster import preemption
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.strategies.cross_device_ops import ReductionOptions
@@ -67,7 +68,8 @@ HELP_GROUPS = {
                                         "heartbeat_timeout"),
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
     "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
-                                "model_dir", "resume", "verbose"),
+                                "model_dir", "resume", "preemption_signal",
+                                "preemption_grace_seconds", "verbose"),
 }
 
 
@@ -98,6 +100,10 @@ def main(argv: list[str]) -> None:
         print(common.strategy_listing())
         return
     config, device_sets = config_from_flags()
+    # A notice from here on stops the program with the preempted status: at once before and
+    # after training, at the job's agreed step during it (saving the state with --model_dir).
+    preemption.watch_signals(preemption.notice_signals(config.preemption_signal),
+                             config.preemption_grace_seconds)
     if config.sync_batchnorm and "synchronized_batchnorm" not in models.options(config.model):
         raise ConfigError(f"--sync_batchnorm needs a model with BatchNorm layers; "
                           f"--model={config.model} has none. Use --model=resnet18, or drop "

@@ -9,7 +9,13 @@ parent-death signal), so a launcher run again never shares a model folder with o
 
 With ``max_restarts`` it restarts the whole group after a failure, as ``torchrun
 --max-restarts`` does: the failed worker's peers are stopped and every worker starts again with
-fresh ports, resuming from the last finished epoch its command's ``--model_dir`` holds.
+fresh ports, resuming from the last state its command's ``--model_dir`` holds.
+
+Preemption notices (:mod:`.preemption`): a worker that exits with the preempted status stopped
+at the step the whole job agreed on, after saving, so its peers are left to finish saving, and
+the job is restarted without counting a failure (while each preemption saved progress). A
+SIGTERM (or SIGUSR1) to the launcher itself is passed to every worker as a notice; the launcher
+then exits with the preempted status once they have saved.
 
 By default the workers run on a private loopback network (:mod:`.private_network`), since
 TensorFlow's gRPC server listens on every interface without authentication; ``network="host"``
@@ -35,14 +41,21 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TextIO
 
+from tfpar.cluster import preemption
 from tfpar.cluster import private_network
 from tfpar.cluster.peers import PRIVATE_NETWORK_ENV
 from tfpar.errors import ConfigError
 from tfpar.errors import PortTakenError
 
-# After SIGTERM, how long a worker may take to stop before it is killed (a worker gives itself
-# tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside TensorFlow).
+# After the launcher stops the workers (SIGINT), how long a worker may take to stop before it is
+# killed (a worker gives itself tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside
+# TensorFlow).
 STOP_GRACE_SECONDS = 15.0
+# After a preemption (a worker stopped for a notice, or a notice to the launcher), how long the
+# other workers may take to save and exit, beyond their own grace budget, before they are killed.
+PREEMPTION_MARGIN_SECONDS = 10.0
+# The signals the launcher itself takes as preemption notices and passes on (as SIGTERM).
+NOTICES = (signal.SIGTERM, signal.SIGUSR1)
 NETWORKS = ("private", "host")
 PORT_ATTEMPTS = 3  # Starts with fresh ports when a worker finds its port taken (host network).
 # Set to "1" in the workers' environment to have every worker print its progress and report
@@ -76,38 +89,77 @@ def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
 
 
 # Exit statuses that end a job without a restart: success, and bad input (exit 2: the same
-# command fails the same way again). A worker stopped by a signal of its own (130: SIGTERM from
-# a scheduler, a preemption) is restarted; the user's Ctrl-C or SIGTERM to the launcher is not
-# (_Interrupted).
+# command fails the same way again). A worker stopped by a signal of its own (130: Ctrl-C or
+# SIGTERM to a program that takes no preemption notice) is restarted; the user's Ctrl-C to the
+# launcher is not (_Interrupted).
 _NO_RESTART = (0, 2)
 INTERRUPTED_STATUS = 130
 
 
 class _Interrupted(Exception):
-    """The launcher itself was told to stop (Ctrl-C, SIGTERM); every worker is stopped."""
-_CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', re.M)
+    """The launcher itself was told to stop (Ctrl-C); every worker is stopped."""
 
 
-def model_dir_of(command: Sequence[str]) -> str | None:
-    """The ``--model_dir`` a tfpar training command carries, or ``None``."""
+class _Preempted(Exception):
+    """The launcher itself had a preemption notice; every worker was given it.
+
+    Attributes:
+        status: What the workers exited with (the preempted status once they saved).
+    """
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+_CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path: "(?:.*/)?(ckpt-(\d+))"', re.M)
+_POSITIONS_FILE = "positions.json"  # tfpar.callbacks.EpochCheckpoint.POSITIONS_FILE
+
+
+def flag_of(command: Sequence[str], name: str) -> str | None:
+    """The value of ``--name`` in a command line (``--name=V`` or ``--name V``), or ``None``."""
     for i, arg in enumerate(command):
-        if arg.startswith("--model_dir="):
+        if arg.startswith(f"--{name}="):
             return arg.split("=", 1)[1] or None
-        if arg == "--model_dir" and i + 1 < len(command):
+        if arg == f"--{name}" and i + 1 < len(command):
             return command[i + 1]
     return None
 
 
-def last_saved_epoch(model_dir: str) -> int:
-    """The last epoch saved in ``model_dir`` by any of its runs (0: none), read from
-    TensorFlow's checkpoint state files (no TensorFlow needed)."""
-    epochs = [0]
+def model_dir_of(command: Sequence[str]) -> str | None:
+    """The ``--model_dir`` a tfpar training command carries, or ``None``."""
+    return flag_of(command, "model_dir")
+
+
+def last_saved_position(model_dir: str) -> tuple[int, int]:
+    """The furthest training position saved in ``model_dir`` by any of its runs: ``(epochs
+    finished, steps of the next epoch)``, ``(0, 0)`` for none; read from TensorFlow's checkpoint
+    state files and tfpar's positions file (no TensorFlow needed)."""
+    positions = [(0, 0)]
     with contextlib.suppress(OSError):
         for run in ["", *os.listdir(model_dir)]:  # The folder itself, or a run's folder.
+            folder = os.path.join(model_dir, run)
             with contextlib.suppress(OSError):
-                with open(os.path.join(model_dir, run, "checkpoint"), encoding="utf-8") as f:
-                    epochs += [int(n) for n in _CHECKPOINT_STATE.findall(f.read())]
-    return max(epochs)
+                with open(os.path.join(folder, "checkpoint"), encoding="utf-8") as f:
+                    saved = _CHECKPOINT_STATE.findall(f.read())
+                known: dict = {}
+                with contextlib.suppress(OSError, ValueError):
+                    with open(os.path.join(folder, _POSITIONS_FILE), encoding="utf-8") as f:
+                        known = json.load(f)
+                # Without a positions file (older states), checkpoints are numbered by epoch.
+                positions += [tuple(known.get(name, (int(number), 0)))
+                              for name, number in saved]
+    return max(positions)
+
+
+def last_saved_epoch(model_dir: str) -> int:
+    """The last epoch finished in the state saved in ``model_dir`` (0: none)."""
+    return last_saved_position(model_dir)[0]
+
+
+def _position_words(position: tuple[int, int]) -> str:
+    epochs, steps = position
+    return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
 
 
 def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
@@ -118,21 +170,23 @@ def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
     stream.close()
 
 
-def _stop(processes: Sequence[subprocess.Popen]) -> None:
+def _stop(processes: Sequence[subprocess.Popen], signum: int = signal.SIGINT,
+          grace: float = STOP_GRACE_SECONDS) -> None:
+    """Sends ``signum`` to every running worker's process group (SIGINT: stop now, as Ctrl-C
+    does; SIGTERM: a preemption notice), then kills those still running after ``grace``."""
     for p in processes:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for p in processes:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signum)
+    _wait(processes, grace)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM stops the workers as Ctrl-C does.
+class _Notice(Exception):
+    """A preemption notice to the launcher (raised by its handler in the main thread)."""
+
+
+def _notice(signum, frame):
+    raise _Notice
 
 
 def _is_loopback(host: str) -> bool:
@@ -162,16 +216,19 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             interface (firewall their ports).
         max_restarts: How many times the whole group is started again after a worker fails
             (a non-zero exit other than 2, bad input: a crash, a kill, a worker stopped by a
-            signal of its own, a peer lost; not Ctrl-C or SIGTERM to the launcher). Each
-            restart resumes from the last finished epoch in the command's ``--model_dir``,
-            which it must carry unless ``resumes_itself``.
+            signal of its own, a peer lost; not Ctrl-C to the launcher). Each restart resumes
+            from the last state saved in the command's ``--model_dir``, which it must carry
+            unless ``resumes_itself``. A job preempted after saving progress (its workers
+            exited with the preempted status) is restarted too, without counting a failure.
         resumes_itself: The command resumes by itself when started again (a user's script
             with Keras's ``BackupAndRestore`` or tfpar's ``EpochCheckpoint``): restarts need no
             ``--model_dir`` in it.
 
     Returns:
-        0 if every worker succeeded; else the failing worker's exit status (or 128 + signal),
-        130 after Ctrl-C or SIGTERM to the launcher.
+        0 if every worker succeeded; else the failing worker's exit status (or 128 + signal);
+        130 after Ctrl-C to the launcher; the preempted status
+        (:data:`tfpar.cluster.preemption.PREEMPTED_EXIT_STATUS`) after a notice to the
+        launcher, once the workers saved, or after a preemption it does not restart.
 
     Raises:
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1, ``host``
@@ -183,27 +240,48 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     _check_launch(command, num_workers, host, network, max_restarts,
                   model_dir if model_dir is not None or not resumes_itself else "")
     out = out or sys.stdout
-    for restart in range(max_restarts + 1):
-        if restart and model_dir is None:  # Checked above: the command resumes by itself.
-            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
-                      "again; the command resumes by itself.\n")
-            out.flush()
-        elif restart and model_dir is not None:
-            epoch = last_saved_epoch(model_dir)
-            out.write(f"launcher: restart {restart} of {max_restarts}: starting every worker "
-                      "again, " + (f"resuming from epoch {epoch} in {model_dir}.\n" if epoch
-                                   else f"from scratch (no epoch saved in {model_dir} yet).\n"))
-            out.flush()
+    grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
+    failures = 0
+    while True:
+        before = last_saved_position(model_dir) if model_dir is not None else None
         try:
-            status = _launch_once(command, num_workers, host, out, all_output, network)
+            status = _launch_once(command, num_workers, host, out, all_output, network, grace)
         except _Interrupted:
             return INTERRUPTED_STATUS
-        if status in _NO_RESTART:
+        except _Preempted as e:
+            out.write(f"launcher: preempted; the workers exited with {e.status}"
+                      + (f", the state saved at {_position_words(last_saved_position(model_dir))}"
+                         f" in {model_dir}" if model_dir is not None else "") + ".\n")
+            return e.status
+        if status in _NO_RESTART or not max_restarts:
             return status
-    if max_restarts:
-        out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); exiting "
-                  f"with the failed worker's status ({status}).\n")
-    return status
+        progressed = (status == preemption.PREEMPTED_EXIT_STATUS
+                      and (before is None or last_saved_position(model_dir or "") > before))
+        if not progressed:
+            failures += 1
+            if failures > max_restarts:
+                out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); "
+                          f"exiting with the failed worker's status ({status}).\n")
+                return status
+        which = ("the job was preempted after saving; starting every worker again (not "
+                 "counted as a failure)" if progressed else
+                 f"restart {failures} of {max_restarts}: starting every worker again")
+        if model_dir is None:  # Checked above: the command resumes by itself.
+            out.write(f"launcher: {which}; the command resumes by itself.\n")
+        else:
+            position = last_saved_position(model_dir)
+            out.write(f"launcher: {which}, "
+                      + (f"resuming from {_position_words(position)} in {model_dir}.\n"
+                         if position != (0, 0)
+                         else f"from scratch (nothing saved in {model_dir} yet).\n"))
+        out.flush()
+
+
+def _grace_of(command: Sequence[str]) -> float:
+    """The preemption grace budget the command's workers take (tfpar's flag, else default)."""
+    with contextlib.suppress(TypeError, ValueError):
+        return float(flag_of(command, "preemption_grace_seconds"))  # type: ignore[arg-type]
+    return preemption.DEFAULT_GRACE_SECONDS
 
 
 def _check_launch(command: Sequence[str], num_workers: int, host: str, network: str,
@@ -232,7 +310,7 @@ def _check_launch(command: Sequence[str], num_workers: int, host: str, network: 
 
 
 def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextIO,
-                 all_output: bool, network: str) -> int:
+                 all_output: bool, network: str, grace: float) -> int:
     """One start of the workers (again with new ports where a port was taken)."""
     with contextlib.ExitStack() as stack:
         namespace = (stack.enter_context(private_network.Namespace())
@@ -243,7 +321,7 @@ def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextI
                 ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
                 out.write(f"launcher: the workers' TensorFlow servers listen on every network "
                           f"interface, unauthenticated ({ports}): firewall these ports.\n")
-            status = _run(command, configs, out, all_output, namespace)
+            status = _run(command, configs, out, all_output, namespace, grace)
             if status != PortTakenError.exit_status or namespace is not None:
                 return status
             out.write(f"launcher: a worker's port was taken by another program; starting "
@@ -254,7 +332,7 @@ def _launch_once(command: Sequence[str], num_workers: int, host: str, out: TextI
 
 
 def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output: bool,
-         namespace: private_network.Namespace | None) -> int:
+         namespace: private_network.Namespace | None, grace: float) -> int:
     """Starts one worker per ``TF_CONFIG`` and supervises them (see :func:`launch`)."""
     lock = threading.Lock()
     processes = _start_workers(command, configs, all_output, namespace)
@@ -265,7 +343,7 @@ def _run(command: Sequence[str], configs: Sequence[str], out: TextIO, all_output
         t.start()
         threads.append(t)
     try:
-        return _supervise(processes, out, lock)
+        return _supervise(processes, out, lock, grace)
     finally:
         for t in threads:
             t.join(timeout=5)
@@ -319,14 +397,24 @@ def _start_workers(command: Sequence[str], configs: Sequence[str], all_output: b
     return processes
 
 
-def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.Lock) -> int:
+def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.Lock,
+               grace: float) -> int:
     """Waits for the workers: 0 when all succeed; the first failure stops the others and
-    returns its status; Ctrl-C or SIGTERM stops them all and raises :class:`_Interrupted`."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    returns its status; a worker preempted lets the others finish saving (``grace`` seconds at
+    most) and returns the preempted status; Ctrl-C stops them all and raises
+    :class:`_Interrupted`; a notice to the launcher is passed on and raises
+    :class:`_Preempted` once they exited."""
+    previous = {signum: signal.signal(signum, _notice) for signum in NOTICES}
     try:
         while True:
             for rank, p in enumerate(processes):
                 code = p.poll()
+                if code == preemption.PREEMPTED_EXIT_STATUS:
+                    with lock:
+                        out.write(f"launcher: worker {rank} stopped for a preemption notice "
+                                  f"(exit {code}); waiting for the others to save.\n")
+                    _wait(processes, grace)
+                    return code
                 if code not in (None, 0):
                     _stop(processes)
                     status = 128 - code if code < 0 else code
@@ -342,5 +430,28 @@ def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.L
         with lock:
             out.write("launcher: interrupted; stopped every worker.\n")
         raise _Interrupted from None
+    except _Notice:
+        for signum in NOTICES:  # One notice is enough.
+            signal.signal(signum, signal.SIG_IGN)
+        with lock:
+            out.write("launcher: preemption notice; passed to every worker, waiting for them "
+                      "to save.\n")
+        _stop(processes, signal.SIGTERM, grace)
+        codes = [p.returncode for p in processes]
+        preempted = preemption.PREEMPTED_EXIT_STATUS
+        raise _Preempted(preempted if preempted in codes else max(codes)) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _wait(processes: Sequence[subprocess.Popen], grace: float) -> None:
+    """Waits up to ``grace`` seconds for every worker to exit by itself; kills the rest."""
+    deadline = time.monotonic() + grace
+    for p in processes:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

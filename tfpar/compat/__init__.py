@@ -16,7 +16,11 @@ against (:mod:`.versions`) and a test that fails without it:
   class, for every strategy class of tfpar's);
 - :mod:`.coordination`: the coordination service's heartbeat timeout (``heartbeat_timeout``);
 - :mod:`.collective_keys`: collective instance keys taken when a function is traced, for
-  Keras's multi-step loop across workers (used by :mod:`.keras_fixes`).
+  Keras's multi-step loop across workers (used by :mod:`.keras_fixes`);
+- :mod:`.mid_epoch_resume`: ``fit`` starting a resumed epoch at the step its state was saved
+  at (installed with :mod:`.keras_fixes`);
+- :mod:`.coordination_values`: keys the workers of a job share through the coordination
+  service (the step every worker stops at after a preemption notice).
 
 This package is the bottom layer of tfpar above :mod:`tfpar.errors`: it imports nothing else
 of tfpar.

@@ -1,4 +1,4 @@
-"""Fixes for five defects of Keras 3 under ``tf.distribute``, installed by tfpar.
+"""Fixes for seven defects of Keras 3 under ``tf.distribute``, installed by tfpar.
 
 1. **Symbolic build** (``TensorFlowTrainer._maybe_symbolic_build``). A model created under a
    strategy scope is built at the start of ``fit``/``evaluate`` from the first distributed
@@ -50,7 +50,11 @@
    worker save to a scratch folder it deletes (saving may need every worker). With an integer
    ``save_freq`` Keras also recorded the wrong epoch: a state saved after an epoch's last batch
    as that epoch (resumed, it ran the epoch again), and every save after a resume counted the
-   epochs from 0; the fix records the epochs finished.
+   epochs from 0; the fix records the epochs finished. It also records the step inside the
+   epoch a mid-epoch state resumes at, and the epoch's metrics until then (Keras saves the
+   batch but never reads it): with fix 7, a resumed ``fit`` continues at that step.
+7. **``fit`` cannot start inside an epoch** (``EpochIterator._enumerate_iterator``): see
+   :mod:`tfpar.compat.mid_epoch_resume`.
 
 No public Keras API exposes the TensorFlow trainer, its symbolic build, its reduction of logs
 or how its variables add, so the fixes wrap these private attributes of
@@ -71,6 +75,8 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import json
+import os
 import shutil
 import tempfile
 import threading
@@ -81,11 +87,13 @@ from typing import Protocol
 from typing import runtime_checkable
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from keras import tree
 
 from tfpar.compat import collective_keys
+from tfpar.compat import mid_epoch_resume
 from tfpar.compat import versions
 
 # The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
@@ -110,6 +118,11 @@ def _tf_trainer() -> Any:
     is imported only behind the version gate (:func:`skip_reason`), and each fix has a test
     that fails without it (tests/keras_fixes_test.py)."""
     return importlib.import_module("keras.src.backend.tensorflow.trainer")
+
+
+def _epoch_iterator() -> Any:
+    """Keras's epoch iterator class (see :mod:`tfpar.compat.mid_epoch_resume`)."""
+    return importlib.import_module("keras.src.trainers.epoch_iterator").EpochIterator
 
 
 def _several_workers(strategy: tf.distribute.Strategy) -> bool:
@@ -310,9 +323,13 @@ def _wrap_backup_save(original: Callable) -> Callable:
         epoch, batch = self._current_epoch, self._last_batch_seen
         if after_last_batch:  # The state at the epoch's end: the next epoch starts from it.
             self._current_epoch, self._last_batch_seen = epoch + 1, 0
+        # Where the resumed run starts inside its epoch (0: at its start).
+        next_step = 0 if self.save_freq == "epoch" or after_last_batch else batch + 1
         try:
             if _writes_checkpoints(self):
-                return original(self)
+                saved = original(self)
+                _record_step(self._training_metadata_path, next_step, self.model)
+                return saved
             scratch = tempfile.mkdtemp(prefix="tfpar-backup-")
             kept = {name: getattr(self, name) for name in _BACKUP_PATHS}
             try:
@@ -329,6 +346,23 @@ def _wrap_backup_save(original: Callable) -> Callable:
     return _save_model
 
 
+# Keys tfpar adds to BackupAndRestore's training_metadata.json: the step inside the saved epoch
+# the resumed run starts at, and the epoch's metric values until then.
+STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
+
+
+def _record_step(metadata_path: str, next_step: int, model: keras.Model) -> None:
+    """Adds the step and the metrics to Keras's metadata file, replaced as a whole."""
+    with open(metadata_path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    metadata[STEP_KEY] = next_step
+    metadata[METRICS_KEY] = [v.tolist() for v in mid_epoch_resume.metric_values(model)]
+    partial = f"{metadata_path}.tfpar-partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+    os.replace(partial, metadata_path)
+
+
 def _wrap_backup_train_end(original: Callable) -> Callable:
     @functools.wraps(original)
     def on_train_end(self, logs=None):
@@ -343,9 +377,29 @@ def _wrap_backup_epoch_begin(original: Callable) -> Callable:
     @functools.wraps(original)
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch  # The epochs finished, after a resume too.
+        if not getattr(self, "_tfpar_began", False):  # The first epoch of this fit.
+            self._tfpar_began = True
+            _resume_inside_epoch(self, epoch)
         return original(self, epoch, logs)
 
     return on_epoch_begin
+
+
+def _resume_inside_epoch(callback: keras.callbacks.BackupAndRestore, epoch: int) -> None:
+    """Starts ``epoch`` at the step the restored backup was saved at, with its metrics."""
+    try:
+        with open(callback._training_metadata_path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (OSError, ValueError):
+        return
+    step = metadata.get(STEP_KEY, 0)
+    if metadata.get("epoch") != epoch or not step:
+        return
+    mid_epoch_resume.start_next_epoch_at(step)
+    callback._last_batch_seen = step - 1
+    mid_epoch_resume.assign_metric_values(
+        callback.model, [np.asarray(v) for v in metadata.get(METRICS_KEY, [])])
+    logging.info("BackupAndRestore: epoch %d resumes at step %d.", epoch + 1, step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,6 +454,10 @@ FIXES = (
     Fix("backup_epoch_count", "BackupAndRestore: saves after a resume record the epochs "
         "finished, not those since the resume",
         lambda: keras.callbacks.BackupAndRestore, "on_epoch_begin", _wrap_backup_epoch_begin),
+    Fix("mid_epoch_start", "fit starts a resumed epoch at the step its state was saved at "
+        "(EpochCheckpoint, BackupAndRestore(save_freq=N)), the batches before it drawn, not "
+        "trained on", _epoch_iterator, "_enumerate_iterator",
+        mid_epoch_resume.wrap_enumerate_iterator),
     Fix("mean_of_scaled_losses", "a Mean metric given a marked loss records the whole loss "
         "(a model's own train_step/test_step logs what one device logs)",
         lambda: keras.metrics.Mean, "update_state", _wrap_mean_update),

@@ -12,6 +12,7 @@ from typing import Any
 
 from tfpar import config_fields
 from tfpar import models
+from tfpar.cluster import preemption
 from tfpar.config_fields import field
 from tfpar.data import catalog
 from tfpar.errors import ConfigError
@@ -64,6 +65,12 @@ class TrainConfig:
             to resume after a crash or kill; unset: not saved.
         resume: Resume from the state in ``model_dir`` when there is some (false starts from
             scratch and overwrites it).
+        preemption_signal: The preemption notice besides SIGTERM (e.g. what Slurm's
+            --signal sends); on a notice every worker stops after the same step, saves the
+            state there (with model_dir) and exits with status 85 (none: SIGTERM only).
+        preemption_grace_seconds: Seconds from a preemption notice to the end of the process
+            at the latest (keep it below the scheduler's grace period: Kubernetes' default is
+            30 s); past them the last complete state is kept.
         deterministic: Deterministic TensorFlow ops: with ``seed``, two runs on the same device
             set give identical weights and accuracy (slower on GPUs).
         dtype: Keras dtype policy; mixed_float16 trains with dynamic loss scaling; auto:
@@ -100,6 +107,9 @@ class TrainConfig:
     chief_only_progress: bool = True
     model_dir: str | None = None
     resume: bool = True
+    preemption_signal: str = field(preemption.DEFAULT_NOTICE_SIGNAL,
+                                   choices=preemption.NOTICE_SIGNALS)
+    preemption_grace_seconds: float = preemption.DEFAULT_GRACE_SECONDS
     deterministic: bool = False
     dtype: str = field("float32", choices=(*DTYPES, AUTO))
     jit_compile: bool = False
@@ -127,6 +137,7 @@ class TrainConfig:
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
         config_fields.normalise_count_or(self, "steps_per_execution", AUTO, ConfigError)
+        preemption.check_grace_seconds(self.preemption_grace_seconds)
         _check(self.profile_steps is None or (len(self.profile_steps) == 2
                                               and 1 <= self.profile_steps[0]
                                               <= self.profile_steps[1]), "profile_steps",

@@ -24,9 +24,11 @@ from tfpar import devices as devices_lib
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
+from tfpar.callbacks.preemption import SaveOnPreemption
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.callbacks.timing import EpochTimer
 from tfpar.cluster import failures
+from tfpar.cluster import preemption
 from tfpar.cluster import spec as cluster_spec
 from tfpar.data import loading
 from tfpar.data import pipelines
@@ -188,6 +190,10 @@ class _RunCallbacks:
         chief = cluster_spec.is_chief(strategy)
         if chief:
             callbacks += _chief_logs(config, strategy, device_set)
+        # Last of tfpar's: a notice stops training after the others saw the step (or epoch).
+        callbacks.append(SaveOnPreemption(
+            checkpoint, preemption.notice_signals(config.preemption_signal),
+            config.preemption_grace_seconds))
         earlier = {name: list(values) for name, values in checkpoint.history.items()
                    } if checkpoint else {}
         return cls([*callbacks, *extra], timer, loss_guard, checkpoint, initial_epoch, earlier,
@@ -304,10 +310,11 @@ def _resume_point(config: TrainConfig, checkpoint: EpochCheckpoint | None) -> st
     """Where a stopped run can resume from, in words."""
     if checkpoint is None:
         return "Nothing was saved (no model_dir); give one to resume a stopped job."
-    done = int(checkpoint.epochs_done.numpy())
-    if not done:
+    epochs, steps = checkpoint.position
+    if not epochs and not steps:
         return f"No epoch had finished; {checkpoint.directory} holds nothing to resume from."
-    return (f"Epoch {done} is the last saved in {checkpoint.directory}: run the same command "
+    where = f"Epoch {epochs}" if not steps else f"Epoch {epochs + 1} step {steps}"
+    return (f"{where} is the last saved in {checkpoint.directory}: run the same command "
             "on every worker to resume from it.")
 
 
@@ -338,12 +345,14 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
                       device_set: devices_lib.DeviceSet) -> EpochCheckpoint:
     directory = run_folder(config.model_dir or "", config.choice.name, len(device_set))
     made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
-                 "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm}
+                 "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm,
+                 # A step inside an epoch means the same examples at the same global batch.
+                 "global_batch_size": config.for_devices(len(device_set))[0]}
     checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
-        print(f"Resuming from {latest}", flush=True)
+        print(f"Resuming from {latest} ({checkpoint.position_of(latest)})", flush=True)
     elif latest:
         print(f"Not resuming: training from scratch; {directory} will be "
               "overwritten.", flush=True)

@@ -1,0 +1,109 @@
+"""Saving the training state when a preemption notice arrives, under plain ``model.fit``.
+
+:class:`SaveOnPreemption` watches for a scheduler's notice (SIGTERM, and a second signal such as
+Slurm's ``--signal=USR1@90``); every worker of the job finishes its step, all stop after the
+same step (:mod:`tfpar.cluster.preemption`), the state is saved there by an
+:class:`~tfpar.callbacks.EpochCheckpoint`, and each process prints one line and exits with
+:data:`~tfpar.cluster.preemption.PREEMPTED_EXIT_STATUS`. Run the same command again: it
+resumes at the next step, as the uninterrupted run would have gone on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from tfpar.callbacks.checkpointing import EpochCheckpoint
+from tfpar.cluster import preemption
+
+_runs = itertools.count()  # Training runs of this process (the same on every worker).
+
+
+class SaveOnPreemption(keras.callbacks.Callback):
+    """Stops training at a step boundary after a preemption notice, saving the state there.
+
+    Put it after ``checkpoint`` in ``fit``'s callbacks. Signal handlers are set (in the main
+    thread) for the duration of ``fit`` and given back after it.
+
+    Args:
+        checkpoint: Saves the state (``None``: training stops at the agreed step, and nothing
+            is saved).
+        signals: The notice signals (default: SIGTERM and SIGUSR1).
+        grace_seconds: Seconds from the notice to the end of the process at the latest; past
+            them the process ends saying which state is intact.
+    """
+
+    def __init__(self, checkpoint: EpochCheckpoint | None = None,
+                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1),
+                 grace_seconds: float = preemption.DEFAULT_GRACE_SECONDS):
+        super().__init__()
+        preemption.check_grace_seconds(grace_seconds)
+        self.checkpoint, self.signals, self.grace_seconds = checkpoint, signals, grace_seconds
+        self._stop: preemption.StopStep | None = None
+        self._steps = 0
+        self._epoch = 0
+        self._at_epoch_end = False  # The agreed step ended an epoch: stop once it has ended.
+        self._watching = False
+
+    def on_train_begin(self, logs=None):
+        strategy = self.model.distribute_strategy
+        resolver = getattr(strategy, "cluster_resolver", None)
+        spec = resolver.cluster_spec() if resolver is not None else tf.train.ClusterSpec({})
+        tasks = [(job, i) for job in sorted(spec.jobs) for i in spec.task_indices(job)]
+        task = (tasks.index((resolver.task_type, resolver.task_id))
+                if resolver is not None and resolver.task_type else 0)
+        self._stop = preemption.StopStep(str(next(_runs)), task, max(1, len(tasks)))
+        self._steps, self._at_epoch_end = 0, False
+        self._watching = preemption.watch_signals(self.signals, self.grace_seconds)
+        preemption.training(True)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._at_epoch_end:
+            self._raise_preempted(epoch, 0)
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        stop_after = self._stop.stop_after(self._steps) if self._stop else None
+        if stop_after is None or self._steps < stop_after:
+            return
+        if batch + 1 == self.params.get("steps"):
+            # The epoch's last step: its end (validation, callbacks, the epoch's save) runs
+            # first, and training stops when the next epoch would begin.
+            self._at_epoch_end = True
+            return
+        self._raise_preempted(self._epoch, batch + 1)
+
+    def on_train_end(self, logs=None):
+        self._end()
+
+    def _end(self) -> None:
+        if self._stop is not None:
+            self._stop.finish()
+            self._stop = None
+            preemption.training(False)
+        if self._watching:
+            preemption.unwatch_signals()
+            self._watching = False
+
+    def _raise_preempted(self, epoch: int, steps: int) -> None:
+        self._end()
+        name = preemption.notice_name() or "a peer's notice"
+        if steps:
+            where = f"epoch {epoch + 1} step {steps}"
+        else:
+            where = f"the end of epoch {epoch}"
+        if self.checkpoint is None:
+            saved = f"stopped at {where}; nothing was saved (no checkpoint)"
+        elif steps:
+            saved = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
+        else:
+            saved = f"state saved at {self.checkpoint.describe(epoch, 0)}"
+        after = (f", {preemption.seconds_since_notice():.1f} s after the notice"
+                 if preemption.noticed() else "")
+        raise preemption.stopping(
+            f"Preempted ({name}): {saved}{after}; run the same command to resume.")
