@@ -17,6 +17,7 @@ from tfpar import strategies
 from tfpar import testing
 from tfpar.cluster import launcher
 from tfpar.compat import keras_fixes
+from tfpar.compat import mid_epoch_resume
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster",
                       "multi_worker_worker.py")
@@ -42,6 +43,30 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
         keras_fixes.uninstall(("symbolic_build",))
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "same size and shape"):
             fit_first_batch_of_five(strategy)
+
+    @parameterized.parameters(True, False)
+    def test_a_resumed_epoch_starts_at_its_step_only_with_the_fix(self, fixed):
+        strategy = self.strategy("mirrored", 2)  # Installs the fixes.
+        if not fixed:
+            keras_fixes.uninstall(("mid_epoch_start",))
+            self.addCleanup(mid_epoch_resume.start_next_epoch_at, 0)  # Left unread.
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        x = np.arange(40, dtype=np.float32).reshape(10, 4)
+        seen = []
+
+        class Resume(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                mid_epoch_resume.start_next_epoch_at(3)
+
+            def on_train_batch_begin(self, batch, logs=None):
+                seen.append(batch)
+
+        model.fit(x, x[:, :1], batch_size=2, shuffle=False, verbose=0, callbacks=[Resume()])
+        # Without the fix, Keras trains the epoch's first 3 steps again.
+        self.assertEqual(seen, [3, 4] if fixed else [0, 1, 2, 3, 4])
+        self.assertEqual(int(model.optimizer.iterations.numpy()), 2 if fixed else 5)
 
     def test_uneven_first_batch_trains_with_the_fix(self):
         history = fit_first_batch_of_five(self.strategy("mirrored", 2))

@@ -291,7 +291,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 "make it writable) and run again to resume.") from None
         preemption.saved(self.describe(epochs, steps))
         if self._chief:
-            logging.info("Saved training state at %s (%s)", self.describe(epochs, steps), path)
+            if steps:
+                logging.info("Saved training state at epoch %d step %d to %s", epochs + 1, steps,
+                             path)
+            else:
+                logging.info("Saved training state after epoch %d to %s", epochs, path)
         else:
             shutil.rmtree(self._write_dir, ignore_errors=True)
 
