@@ -1,9 +1,10 @@
 """A Ray Train job for ray_test: a user's train loop under TensorflowTrainer on a local Ray.
 
-``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs three trainers of 2
-workers: ``multi_worker``, ``multi_worker_allreduce``, and ``multi_worker`` whose worker 1 is
-killed (signal 9) at the start of epoch 2 of its first attempt, once Ray's controller has
-collected the epoch-1 checkpoint (it polls the workers every 2 s), and restarted by Ray
+``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs four trainers of 2
+workers: ``multi_worker``, ``multi_worker_allreduce``, and two ``multi_worker`` jobs whose
+worker 1 gets a signal at the start of epoch 2 of its first attempt, once Ray's controller has
+collected the epoch-1 checkpoint (it polls the workers every 2 s): ``killed`` (signal 9) and
+``terminated`` (SIGTERM, as a scheduler's preemption notice), each restarted by Ray
 (``FailureConfig(max_failures=1)``). Each writes OUTDIR/NAME.json (the Result's metrics, its
 checkpoint's folder, the epoch each attempt started at) and OUTDIR/NAME.npz (the final weights).
 Run it in a private network namespace: Ray then puts 127.0.0.1 in TF_CONFIG.
@@ -57,11 +58,12 @@ def train_loop_per_worker(config):
 
     class KillOnce(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            marker = os.path.join(config["out"], "killed")
+            marker = os.path.join(config["out"], f"{config['name']}.signalled")
             if config["kill"] and rank == 1 and epoch == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
                 time.sleep(5)  # Ray's controller collects reports every 2 s.
-                os.kill(os.getpid(), 9)
+                os.kill(os.getpid(), config["kill"])
+                time.sleep(30)  # A signal the process survived would let it train on.
 
     x, y = data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
@@ -73,9 +75,10 @@ def train_loop_per_worker(config):
 
 def main(initial: str, out: str) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    for name, entry, kill in (("multi_worker", "multi_worker", False),
-                              ("multi_worker_allreduce", "multi_worker_allreduce", False),
-                              ("killed", "multi_worker", True)):
+    for name, entry, kill in (("multi_worker", "multi_worker", 0),
+                              ("multi_worker_allreduce", "multi_worker_allreduce", 0),
+                              ("killed", "multi_worker", 9),
+                              ("terminated", "multi_worker", 15)):
         trainer = TensorflowTrainer(
             train_loop_per_worker,
             train_loop_config={"entry": entry, "initial": initial, "out": out, "name": name,

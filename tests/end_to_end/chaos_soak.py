@@ -7,7 +7,12 @@ the job training after the previous one) and a random delay:
 - ``kill``: ``kill -9`` of a random worker (the launcher restarts the job);
 - ``stop``: ``SIGSTOP`` of a random worker for 0.5-6 s, then ``SIGCONT`` (past the job's
   3 s heartbeat timeout the job stops with exit 69 and is restarted; shorter, it goes on);
-- ``term``: ``SIGTERM`` to a random worker (exit 130, restarted);
+- ``term``: a preemption notice (``SIGTERM``) to a random worker: every worker stops after the
+  same step, saves there and exits 85, and the launcher restarts the job without counting a
+  failure;
+- ``notice_all``: a notice (``SIGUSR1``) to every worker at once, as a whole job's preemption;
+- ``notice_saving``: a notice (``SIGTERM``) to a random worker while a save is being written
+  (its ``ckpt-N_temp`` folder exists);
 - ``launcher``: ``kill -9`` of the launcher itself, which takes its workers with it, then the
   same command run again by hand;
 - ``disk``: the model folder's file system filled to the last byte until a worker fails to
@@ -42,7 +47,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KINDS = ("kill", "stop", "term", "launcher", "disk")
+KINDS = ("kill", "stop", "term", "notice_all", "notice_saving", "launcher", "disk")
 HEARTBEAT_SECONDS = 3
 STATE = "multi_worker_1_devices"
 _SAVED = re.compile(r"Saved training state after epoch (\d+) ")
@@ -286,18 +291,36 @@ def _inject(kind: str, launch: _Launch, rng: random.Random, namespace: _MountNam
                 break
         namespace.empty()
         return launch, 0
+    if kind == "notice_saving":
+        _wait_for_a_save_in_progress(os.path.join(namespace.inside, STATE))
+        workers = launch.workers()
     if not workers:
         return launch, 0  # Between a failure and the restart: nothing to hit.
     target = rng.choice(workers)
+    if kind == "notice_all":
+        for worker in workers:
+            _signal(worker, signal.SIGUSR1)
     if kind == "kill":
         _signal(target, signal.SIGKILL)
-    elif kind == "term":
+    elif kind in ("term", "notice_saving"):
         _signal(target, signal.SIGTERM)
     elif kind == "stop":
         _signal(target, signal.SIGSTOP)
         time.sleep(rng.uniform(0.5, 6.0))
         _signal(target, signal.SIGCONT)
     return launch, 0
+
+
+def _wait_for_a_save_in_progress(state: str, timeout: float = 60.0) -> None:
+    """Returns as soon as a checkpoint is being written in ``state`` (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(name.endswith("_temp") for name in os.listdir(state)):
+                return
+        except OSError:
+            pass
+        time.sleep(0.002)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -33,6 +33,8 @@ class ExamplesTest(tf.test.TestCase):
     def test_the_kubernetes_manifests_give_the_tested_cluster(self):
         manifests = self.manifests()
         self.assertEqual(sorted(manifests), ["Job", "NetworkPolicy", "Service"])
+        with open(os.path.join(EXAMPLES, "kubernetes", "tfpar-train.yaml")) as f:
+            self.assertIn("1.27+", f.read())  # The Service's job-name label.
         job, service = manifests["Job"], manifests["Service"]
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -61,15 +63,72 @@ class ExamplesTest(tf.test.TestCase):
 
     def test_the_sbatch_script_runs_the_train_command_under_srun(self):
         with open(os.path.join(EXAMPLES, "slurm", "train.sbatch")) as f:
-            script = f.read().replace("\\\n", " ")
-        (step,) = re.findall(r"^srun (.*)$", script, re.M)
+            script = f.read()
+        (step,) = re.findall(r"^srun (.*?)(?: \|\| status=\$\?)?$", script.replace("\\\n", " "),
+                             re.M)
         arguments = shlex.split(step)
-        self.assertEqual(arguments[:2], ["python", "scripts/train.py"])
+        # Since Slurm 22.05 srun does not inherit --cpus-per-task.
+        self.assertEqual(arguments[0], '--cpus-per-task=$SLURM_CPUS_PER_TASK')
+        self.assertEqual(arguments[1], "tfpar-train")
         self.assertIn("--cluster=slurm", arguments)
-        self.assert_flags_exist(step)
+        self.assertIn('--model_dir=$state', arguments)
+        self.assert_flags_exist(" ".join(arguments[2:]))
+        # One state folder per job id (kept across requeues), the notice before the time
+        # limit, and a job that may go back to the queue.
+        self.assertRegex(script, r'(?m)^state=.*/\$SLURM_JOB_ID"$')
+        self.assertRegex(script, r"(?m)^#SBATCH --signal=USR1@\d+$")
+        self.assertIn("--preemption_signal=SIGUSR1", arguments)
+        self.assertRegex(script, r"(?m)^#SBATCH --requeue$")
         result = subprocess.run(["bash", "-n", os.path.join(EXAMPLES, "slurm", "train.sbatch")],
                                 capture_output=True, text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_the_sbatch_script_requeues_a_preempted_job_only(self):
+        # The script as sbatch runs it, with stand-ins for srun (exiting as the step would) and
+        # scontrol (recording what it was asked) and an empty environment to activate.
+        base = self.get_temp_dir()
+        bin_dir, venv = os.path.join(base, "bin"), os.path.join(base, "venv")
+        os.makedirs(bin_dir)
+        os.makedirs(os.path.join(venv, "bin"))
+        open(os.path.join(venv, "bin", "activate"), "w").close()
+        calls = os.path.join(base, "calls")
+        for name, body in (("srun", f'echo "srun $*" >> {calls}; exit "$STEP_STATUS"'),
+                           ("scontrol", f'echo "scontrol $*" >> {calls}')):
+            path = os.path.join(bin_dir, name)
+            with open(path, "w") as f:
+                f.write(f"#!/bin/bash\n{body}\n")
+            os.chmod(path, 0o755)
+        for step_status, requeued in ((85, True), (0, False), (1, False), (2, False)):
+            if os.path.exists(calls):
+                os.remove(calls)
+            result = subprocess.run(
+                ["bash", os.path.join(EXAMPLES, "slurm", "train.sbatch")], capture_output=True,
+                text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin",
+                                            "STEP_STATUS": str(step_status), "HOME": base,
+                                            "TFPAR_VENV": venv, "SLURM_JOB_ID": "4242",
+                                            "SLURM_CPUS_PER_TASK": "8"})
+            self.assertEqual(result.returncode, step_status, result.stderr)
+            with open(calls) as f:
+                lines = f.read().splitlines()
+            self.assertRegex(lines[0], rf"^srun --cpus-per-task=8 tfpar-train .*--model_dir="
+                                       rf"{re.escape(base)}/tfpar-state/4242 ")
+            self.assertEqual(lines[1:], ["scontrol requeue 4242"] if requeued else [])
+
+    def test_the_kubernetes_job_retries_a_preempted_worker_and_fails_on_bad_input(self):
+        job = self.manifests()["Job"]
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        on_exit = {rule["action"]: rule["onExitCodes"]["values"] for rule in rules
+                   if "onExitCodes" in rule}
+        self.assertEqual(on_exit, {"FailJob": [2], "Ignore": [85]})
+        self.assertIn({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                      rules)
+        self.assertEqual(pod["restartPolicy"], "Never")  # What podFailurePolicy needs.
+        grace = [float(a.split("=")[1]) for a in container["command"]
+                 if a.startswith("--preemption_grace_seconds=")]
+        self.assertLen(grace, 1)
+        self.assertLess(grace[0], pod["terminationGracePeriodSeconds"])
 
     def assert_flags_exist(self, arguments: str) -> None:
         defined = train_flags()

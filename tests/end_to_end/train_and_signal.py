@@ -4,7 +4,8 @@ Usage (alone, or through the launcher): ``train_and_signal.py RANK WHEN EPOCH ST
 TRAIN.PY FLAGS...``: the process of that rank (0 alone) sends itself SIGNAL (``SIGTERM``,
 ``SIGUSR1``, ...), so a test needs no timing to preempt a job mid-training. WHEN is:
 
-- ``step``: right after step STEP (1-based) of epoch EPOCH (1-based) ended;
+- ``step``: right after step STEP (1-based) of epoch EPOCH (1-based) ended (STEP 0: as the
+  epoch begins, so the notice arrives during its first step);
 - ``twice``: the same, and again one step later;
 - ``validation``: while the test accuracy of epoch EPOCH is evaluated (STEP is ignored);
 - ``saving``: as the state of epoch EPOCH starts to be saved (STEP is ignored);
@@ -42,6 +43,8 @@ def main() -> None:
 
     def on_epoch_begin(self, e, logs=None):
         state["epoch"] = e + 1
+        if when == "step" and step == 0 and state["epoch"] == epoch and not state["sent"]:
+            send()
         return begin(self, e, logs)
 
     def on_train_batch_end(self, batch, logs=None):

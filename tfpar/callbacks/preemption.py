@@ -71,7 +71,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
         stop_after = self._stop.stop_after(self._steps) if self._stop else None
         if stop_after is None or self._steps < stop_after:
             return
-        if batch + 1 == self.params.get("steps"):
+        if batch + 1 >= (self.params.get("steps") or batch + 2):
             # The epoch's last step: its end (validation, callbacks, the epoch's save) runs
             # first, and training stops when the next epoch would begin.
             self._at_epoch_end = True

@@ -81,7 +81,7 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def _end_if_stuck_after_signal() -> None:
     """Ends the process STOP_GRACE_SECONDS after Ctrl-C (or a SIGTERM that is no preemption
-    notice) if it has not stopped by then; a notice has a budget of its own."""
+    notice) if it has not stopped by then."""
     if _watching:
         return
     _watching.append(True)
@@ -95,8 +95,10 @@ def _end_if_stuck_after_signal() -> None:
             os._exit(130)
 
     def on_arrival(signum: int) -> None:
-        if (signum in (signal.SIGTERM, signal.SIGINT) and _running.is_set()
-                and not preemption.is_notice(signum)):
+        # Only where the signal interrupts (a preemption notice, or the launcher's own
+        # handling of one, has a budget of its own).
+        if _running.is_set() and signal.getsignal(signum) in (_raise_keyboard_interrupt,
+                                                              signal.default_int_handler):
             threading.Thread(target=end_later, name="tfpar-stop-watch", daemon=True).start()
 
     preemption.on_arrival(on_arrival)

@@ -224,11 +224,6 @@ def unwatch_signals() -> None:
         signal.signal(signum, handler)
 
 
-def is_notice(signum: int) -> bool:
-    """Whether ``signum`` is a watched notice signal now."""
-    return signum in _notices.signals
-
-
 def reset() -> None:
     """Forgets the notice and cancels its grace budget, for a process that handled
     :class:`Preempted` and goes on (a test, a notebook)."""

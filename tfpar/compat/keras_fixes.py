@@ -325,10 +325,12 @@ def _wrap_backup_save(original: Callable) -> Callable:
             self._current_epoch, self._last_batch_seen = epoch + 1, 0
         # Where the resumed run starts inside its epoch (0: at its start).
         next_step = 0 if self.save_freq == "epoch" or after_last_batch else batch + 1
+        # Read on every worker: a multi-worker strategy sums metric variables in a collective.
+        metrics = mid_epoch_resume.metric_values(self.model)
         try:
             if _writes_checkpoints(self):
                 saved = original(self)
-                _record_step(self._training_metadata_path, next_step, self.model)
+                _record_step(self._training_metadata_path, next_step, metrics)
                 return saved
             scratch = tempfile.mkdtemp(prefix="tfpar-backup-")
             kept = {name: getattr(self, name) for name in _BACKUP_PATHS}
@@ -351,12 +353,12 @@ def _wrap_backup_save(original: Callable) -> Callable:
 STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
 
 
-def _record_step(metadata_path: str, next_step: int, model: keras.Model) -> None:
+def _record_step(metadata_path: str, next_step: int, metrics: list[np.ndarray]) -> None:
     """Adds the step and the metrics to Keras's metadata file, replaced as a whole."""
     with open(metadata_path, encoding="utf-8") as f:
         metadata = json.load(f)
     metadata[STEP_KEY] = next_step
-    metadata[METRICS_KEY] = [v.tolist() for v in mid_epoch_resume.metric_values(model)]
+    metadata[METRICS_KEY] = [v.tolist() for v in metrics]
     partial = f"{metadata_path}.tfpar-partial"
     with open(partial, "w", encoding="utf-8") as f:
         json.dump(metadata, f)
