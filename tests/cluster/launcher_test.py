@@ -218,6 +218,13 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 f.write(state)
         self.assertEqual(launcher.last_saved_epoch(model_dir), 5)
         self.assertEqual(launcher.last_saved_epoch(os.path.join(model_dir, "none")), 0)
+        # With tfpar's positions file, checkpoints are numbered by step and mapped to positions.
+        with open(os.path.join(model_dir, "mirrored_1_devices", "positions.json"), "w") as f:
+            f.write('{"ckpt-2": [1, 0], "ckpt-3": [1, 7]}')
+        with open(os.path.join(model_dir, "multi_worker_1_devices", "checkpoint"), "w") as f:
+            f.write('model_checkpoint_path: "/x/ckpt-1"\n')
+        self.assertEqual(launcher.last_saved_position(model_dir), (1, 7))
+        self.assertEqual(launcher.last_saved_epoch(model_dir), 1)
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir=e"]), "e")
         self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))

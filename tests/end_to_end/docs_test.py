@@ -151,7 +151,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
             examples |= set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", read(example)))
         known = set().union(*self.defined_flags().values()) | examples | {
             "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
-            "requeue", "gpus_per_task",  # sbatch
+            "requeue", "gpus_per_task", "signal", "cpus_per_task",  # sbatch, srun
             "tfpar_devices",  # tfpar's pytest plugin
             "strict"}  # mkdocs build
         unknown = []

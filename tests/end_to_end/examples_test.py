@@ -92,8 +92,8 @@ class ExamplesTest(tf.test.TestCase):
         os.makedirs(os.path.join(venv, "bin"))
         open(os.path.join(venv, "bin", "activate"), "w").close()
         calls = os.path.join(base, "calls")
-        for name, body in (("srun", f'echo "srun $*" >> {calls}; exit "$STEP_STATUS"'),
-                           ("scontrol", f'echo "scontrol $*" >> {calls}')):
+        for name, body in (("srun", f'echo "srun $*" >> {shlex.quote(calls)}; exit "$STEP_STATUS"'),
+                           ("scontrol", f'echo "scontrol $*" >> {shlex.quote(calls)}')):
             path = os.path.join(bin_dir, name)
             with open(path, "w") as f:
                 f.write(f"#!/bin/bash\n{body}\n")

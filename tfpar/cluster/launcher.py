@@ -273,7 +273,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             out.write(f"launcher: {which}, "
                       + (f"resuming from {_position_words(position)} in {model_dir}.\n"
                          if position != (0, 0)
-                         else f"from scratch (nothing saved in {model_dir} yet).\n"))
+                         else f"from scratch (no epoch saved in {model_dir} yet).\n"))
         out.flush()
 
 

@@ -60,7 +60,8 @@ def wrap_enumerate_iterator(original: Callable) -> Callable:
 
 def metric_values(model: keras.Model) -> list[np.ndarray]:
     """The values of ``model``'s metric variables (aggregated over replicas), in order."""
-    return [np.array(keras.ops.convert_to_numpy(v)) for v in model.metrics_variables]
+    return [np.array(keras.ops.convert_to_numpy(v))
+            for v in getattr(model, "metrics_variables", ())]
 
 
 def assign_metric_values(model: keras.Model, values: Sequence[np.ndarray]) -> bool:

@@ -61,8 +61,9 @@ class TrainConfig:
         verbose: Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.
         chief_only_progress: In multi-worker training, only the chief shows progress and
             reports (the other workers train silently).
-        model_dir: Save training state here after every epoch (one sub-folder per device set),
-            to resume after a crash or kill; unset: not saved.
+        model_dir: Save training state here after every epoch and at a preemption notice (one
+            sub-folder per device set), to resume after a crash, kill or preemption; unset: not
+            saved.
         resume: Resume from the state in ``model_dir`` when there is some (false starts from
             scratch and overwrites it).
         preemption_signal: The preemption notice besides SIGTERM (e.g. what Slurm's

@@ -75,7 +75,9 @@ class JobPreemptionTest(PreemptionTestCase):
         ("at_an_epochs_first_step", "multi_worker", "SIGTERM", ("step", 2, 0), 1,
          "epoch 2 step 2"),
         ("twice", "multi_worker", "SIGTERM", ("twice", 1, 7), 1, "epoch 1 step 8"),
-        ("during_a_save", "multi_worker", "SIGUSR1", ("saving", 1, 0), 1, "epoch 2 step 2"))
+        ("during_a_save", "multi_worker", "SIGUSR1", ("saving", 1, 0), 1, "epoch 2 step 2"),
+        ("during_the_test_evaluation", "multi_worker", "SIGTERM", ("validation", 1, 0), 1,
+         "epoch 2 step 2"))
     def test_a_notice_to_one_worker_stops_every_worker_after_the_same_step(
             self, strategy, name, signal_at, steps_per_execution, where):
         flags = (f"--steps_per_execution={steps_per_execution}",)
