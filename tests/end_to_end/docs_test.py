@@ -109,17 +109,16 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_shell_commands_use_flags_their_script_defines(self):
         commands = []
+        program = r"(?:tfpar-|scripts/)(train|benchmark|launch)(?:\.py)?"
         for page in PAGES:
             text = read(page)
             for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", text, re.DOTALL):
                 joined = shell.replace("\\\n", " ")
-                commands += re.findall(r"scripts/(train|benchmark|launch)\.py([^\n]*)", joined)
+                commands += re.findall(rf"{program}( [^\n]*|$)", joined, re.M)
             # Commands written inline in the prose, in backticks, over line breaks too.
             prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
-            for span in re.findall(r"`([^`]*scripts/(?:train|benchmark|launch)\.py[^`]*)`",
-                                   prose):
-                commands += re.findall(r"scripts/(train|benchmark|launch)\.py([^`]*)",
-                                       span.replace("\n", " "))
+            for span in re.findall(rf"`([^`]*{program}[^`]*)`", prose):
+                commands += re.findall(rf"{program}([^`]*)", span[0].replace("\n", " "))
         self.assertGreater(len(commands), 5)
         defined = self.defined_flags()
         # The quickstart's table of the train command's flags.
@@ -131,7 +130,18 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
             for flag in re.findall(r"--(\w+)", arguments):
                 known = flag in defined[script] or (flag.startswith("no")
                                                     and flag[2:] in defined[script])
-                self.assertTrue(known, f"scripts/{script}.py has no --{flag}")
+                self.assertTrue(known, f"tfpar-{script} has no --{flag}")
+
+    def test_checkout_commands_have_their_console_script_beside_them(self):
+        # pip users have tfpar-train, tfpar-launch and tfpar-benchmark, not a checkout's
+        # scripts/: a command block that runs scripts/X.py also shows tfpar-X.
+        missing = []
+        for page in PAGES:
+            for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", read(page), re.DOTALL):
+                for name in set(re.findall(r"scripts/(\w+)\.py", shell)):
+                    if f"tfpar-{name}" not in shell:
+                        missing.append(f"{os.path.relpath(page, ROOT)}: scripts/{name}.py")
+        self.assertEqual(missing, [])
 
     def test_every_install_command_keeps_the_tests_runnable(self):
         # An install offered "instead" of the README's must still install what the README's

@@ -57,8 +57,9 @@ def page() -> str:
     for script, module in PROGRAMS.items():
         listing = subprocess.run([sys.executable, "-m", "tfpar.cli.flag_reference", module],
                                  capture_output=True, text=True, check=True)
-        name = script if script.startswith("tfpar-") else f"scripts/{script}.py"
-        parts.append(f"## `{name}`\n\n{listing.stdout}")
+        name = (f"`{script}`" if script.startswith("tfpar-")
+                else f"`tfpar-{script}` (`python scripts/{script}.py` in a checkout)")
+        parts.append(f"## {name}\n\n{listing.stdout}")
     return "\n".join(parts)
 
 
