@@ -22,8 +22,8 @@ from absl import logging
 from tfpar.errors import DeviceError
 from tfpar.host import thread_layouts
 
-# Logical CPU devices are cheap but not free (each has its own allocator and executor).
 MAX_LOGICAL_CPUS = 64
+"""Logical CPU devices are cheap but not free (each has its own allocator and executor)."""
 
 _NAME_RE = re.compile(r"^(?:/(?:job:[\w-]+/)?(?:replica:\d+/)?(?:task:\d+/)?device:)?"
                       r"(?P<type>cpu|gpu):(?P<index>\d+)$", re.IGNORECASE)
@@ -92,9 +92,10 @@ def gpu_count() -> int:
     return count
 
 
-# Makes every logical CPU device own its intra-op thread pool instead of sharing the process's
-# one pool. Read by TensorFlow once, when it creates its devices. No public API sets it.
 PER_DEVICE_THREAD_POOLS_ENV = thread_layouts.PER_DEVICE_THREAD_POOLS_ENV
+"""Makes every logical CPU device own its intra-op thread pool instead of sharing the process's one
+pool. Read by TensorFlow once, when it creates its devices. No public API sets it.
+"""
 
 
 def _check_split(count: int, threads_per_device: int | None) -> None:

@@ -40,8 +40,8 @@ except ImportError:  # Said in one line; the example turns it into its exit mess
     raise ImportError("tfpar.ray needs Ray Train, which is not installed: pip install "
                       "\"tfpar[ray]\" (or pip install -e \".[ray]\" in a checkout).") from None
 
-#: The prefix of the checkpoint folders reported to Ray (``epoch_000003``: after 3 epochs).
 CHECKPOINT_PREFIX = "epoch_"
+""": The prefix of the checkpoint folders reported to Ray (``epoch_000003``: after 3 epochs)."""
 
 
 class ReportCheckpointCallback(keras.callbacks.Callback):

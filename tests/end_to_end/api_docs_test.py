@@ -73,6 +73,28 @@ def defined_in(module_name: str) -> set[str]:
 
 class ApiDocsTest(tf.test.TestCase):
 
+    def test_every_constant_of_a_referenced_module_has_a_docstring(self):
+        # mkdocstrings shows a module constant with the string that follows it; without one
+        # the reference lists the name and nothing about it.
+        with open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8") as f:
+            modules = re.findall(r"^::: ([\w.]+)", f.read(), re.M)
+        self.assertGreater(len(modules), 20)
+        bare = []
+        for module in modules:
+            with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
+                body = ast.parse(f.read()).body
+            for node, after in zip(body, body[1:] + [None]):
+                targets = (node.targets if isinstance(node, ast.Assign) else
+                           [node.target] if isinstance(node, ast.AnnAssign) else [])
+                for target in targets:
+                    if (isinstance(target, ast.Name) and target.id.isupper()
+                            and not target.id.startswith("_")
+                            and not (isinstance(after, ast.Expr)
+                                     and isinstance(after.value, ast.Constant)
+                                     and isinstance(after.value.value, str))):
+                        bare.append(f"{module}.{target.id}")
+        self.assertEqual(bare, [])
+
     def test_every_exported_name_is_in_the_reference(self):
         docs = documented()
         missing = []

@@ -204,6 +204,37 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                       for m in story.finditer(prose)]
         self.assertEqual(found, [])
 
+    def test_no_page_carries_lab_notes(self):
+        # How a figure came about goes in commit messages and the changelog; the pages say what
+        # is true and how to reproduce it.
+        notes = re.compile(r"\bswung\b|\btook about \d+ (minutes|seconds|hours)\b|"
+                           r"\brecent run\b|\bA test (kills|sends|runs)\b|^#+ What was run|"
+                           r"\bseeds' means\b|\bthis session\b|\blast session\b", re.M)
+        found = [f"{os.path.relpath(page, ROOT)}: {m.group(0)!r}"
+                 for page in PAGES if not page.endswith("changelog.md")
+                 for m in notes.finditer(read(page))]
+        self.assertEqual(found, [])
+
+    def test_nav_titles_are_the_page_headings(self):
+        import yaml
+
+        with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+            nav = yaml.safe_load(f)["nav"]
+
+        def pages(items):
+            for item in items:
+                for title, value in item.items():
+                    yield from pages(value) if isinstance(value, list) else [(title, value)]
+
+        differ = []
+        for title, page in pages(nav):
+            if page in ("index.md", "changelog.md"):
+                continue
+            heading = re.search(r"^# (.+)$", read(os.path.join(ROOT, "docs", page)), re.M)
+            if heading is None or heading.group(1) != title:
+                differ.append(f"{page}: {title!r} vs {heading and heading.group(1)!r}")
+        self.assertEqual(differ, [])
+
     def test_the_flag_reference_is_what_the_programs_define(self):
         # Generated from the flags, which come from the config classes: a flag added, renamed
         # or given another default or help changes the page (regenerate it as it says).

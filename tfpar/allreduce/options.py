@@ -13,9 +13,11 @@ from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 
 ALGORITHMS = ("collective", "naive", "ring")
-# PyTorch DDP's default bucket (25 MiB): large enough that per-reduction overhead vanishes,
-# small enough not to double peak memory for big models.
+"""The all-reduce algorithms of the exact step (``collective``: TensorFlow's collective ops)."""
 DEFAULT_BYTES_PER_PACK = 25 * 2**20
+"""PyTorch DDP's default bucket (25 MiB): large enough that per-reduction overhead vanishes, small
+enough not to double peak memory for big models.
+"""
 
 
 def check_algorithm(algorithm: str) -> None:
@@ -42,8 +44,8 @@ def check_bytes_per_pack(bytes_per_pack: object, zero_means: str) -> None:
                           f"Received: {{argument}}={bytes_per_pack!r}.", argument="bytes_per_pack")
 
 
-# The dtypes gradients may travel in (``StepOptions.gradient_compression``).
 COMPRESSIONS = ("none", "fp16", "bf16")
+"""The dtypes gradients may travel in (``StepOptions.gradient_compression``)."""
 
 
 @dataclasses.dataclass(frozen=True)

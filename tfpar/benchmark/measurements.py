@@ -21,11 +21,15 @@ from typing import Any
 from tfpar import strategies
 from tfpar.host import thread_layouts
 
-BASELINE = "keras"  # Plain single-device Keras: no strategy, TensorFlow's default threads.
-# N processes each training plain Keras alone on one device of ``threads_per_device`` threads
-# and 1/N of the global batch (a replica's share), side by side: data parallelism with no
-# communication at all, the most N devices can give.
+BASELINE = "keras"
+"""The name of the plain single-device Keras configuration (no strategy, TensorFlow's default
+threads).
+"""
 CEILING = "independent"
+"""N processes each training plain Keras alone on one device of ``threads_per_device`` threads and
+1/N of the global batch (a replica's share), side by side: data parallelism with no
+communication at all, the most N devices can give.
+"""
 
 
 @dataclasses.dataclass(frozen=True)

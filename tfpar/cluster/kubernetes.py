@@ -21,13 +21,16 @@ from tfpar.errors import ClusterError
 if TYPE_CHECKING:
     import tensorflow as tf
 
-#: Set by Kubernetes in every pod of an Indexed Job.
 INDEX_VARIABLE = "JOB_COMPLETION_INDEX"
-#: Set by the manifest: the number of workers (the Job's completions) and the headless Service.
+""": Set by Kubernetes in every pod of an Indexed Job."""
 NUM_WORKERS_VARIABLE = "TFPAR_NUM_WORKERS"
+""": Set by the manifest: the number of workers (the Job's completions) and the headless Service."""
 SERVICE_VARIABLE = "TFPAR_SERVICE"
+"""The environment variable naming the headless Service the workers' pods are behind."""
 PORT_VARIABLE = "TFPAR_PORT"
+"""The environment variable giving the workers' port."""
 DEFAULT_PORT = 2222
+"""The workers' port when ``TFPAR_PORT`` is not set."""
 
 
 def detected(environ: Mapping[str, str]) -> bool:

@@ -47,20 +47,27 @@ from tfpar.cluster.peers import PRIVATE_NETWORK_ENV
 from tfpar.errors import ConfigError
 from tfpar.errors import PortTakenError
 
-# After the launcher stops the workers (SIGINT), how long a worker may take to stop before it is
-# killed (a worker gives itself tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside
-# TensorFlow).
 STOP_GRACE_SECONDS = 15.0
-# After a preemption (a worker stopped for a notice, or a notice to the launcher), how long the
-# other workers may take to save and exit, beyond their own grace budget, before they are killed.
+"""After the launcher stops the workers (SIGINT), how long a worker may take to stop before it is
+killed (a worker gives itself tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside
+TensorFlow).
+"""
 PREEMPTION_MARGIN_SECONDS = 10.0
-# The signals the launcher itself takes as preemption notices and passes on (as SIGTERM).
+"""After a preemption (a worker stopped for a notice, or a notice to the launcher), how long the
+other workers may take to save and exit, beyond their own grace budget, before they are killed.
+"""
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
+"""The signals the launcher itself takes as preemption notices and passes on (as SIGTERM)."""
 NETWORKS = ("private", "host")
-PORT_ATTEMPTS = 3  # Starts with fresh ports when a worker finds its port taken (host network).
-# Set to "1" in the workers' environment to have every worker print its progress and report
-# (tfpar's programs otherwise print them on the chief only).
+"""Where the launcher's workers run: a private loopback network, or the machine's."""
+PORT_ATTEMPTS = 3
+"""How many times the launcher starts over with fresh ports when a worker finds its port taken
+(host network).
+"""
 ALL_OUTPUT_ENV = "TFPAR_ALL_WORKERS_OUTPUT"
+"""Set to "1" in the workers' environment to have every worker print its progress and report
+(tfpar's programs otherwise print them on the chief only).
+"""
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -94,6 +101,7 @@ def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
 # launcher is not (_Interrupted).
 _NO_RESTART = (0, 2)
 INTERRUPTED_STATUS = 130
+"""The launcher's status after Ctrl-C."""
 
 
 class _Interrupted(Exception):

@@ -29,10 +29,13 @@ if TYPE_CHECKING:  # Imported where used: the command line reads this module's c
     import tensorflow as tf
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
+"""How long a worker waits for its peers by default before it gives up."""
 REPORT_EVERY_SECONDS = 5.0
-FIRST_REPORT_SECONDS = 1.0  # The first "waiting for" line comes soon; later ones every 5 s.
-# Set to "1" by the launcher when the workers run on a private network (.private_network).
+"""How often a waiting worker says whom it waits for."""
+FIRST_REPORT_SECONDS = 1.0
+"""When a waiting worker first says whom it waits for."""
 PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
+"""Set to "1" by the launcher when the workers run on a private network (.private_network)."""
 
 
 # What a waiting task's port answers with: any first bytes tell a peer it is up. Once the task
@@ -142,8 +145,8 @@ def _greet_probes(listener: socket.socket) -> None:
         pass
 
 
-# How long the chief, at exit, waits for the other tasks to leave first.
 LEAVE_LAST_SECONDS = 5.0
+"""How long the chief, at exit, waits for the other tasks to leave first."""
 
 
 def leave_last(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,

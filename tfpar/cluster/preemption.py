@@ -37,15 +37,19 @@ from absl import logging
 from tfpar.compat import coordination_values
 from tfpar.errors import ConfigError
 
-# The status a process exits with after stopping for a notice ("preempted: run again to resume").
 PREEMPTED_EXIT_STATUS = 85
-# Seconds from a notice to the end of the process: below Kubernetes' default grace period (30 s)
-# with room for the interpreter to exit.
+"""The status a process exits with after stopping for a notice ("preempted: run again to resume").
+"""
 DEFAULT_GRACE_SECONDS = 25.0
-# The notice signals tfpar's programs watch besides SIGTERM (Slurm's --signal sends the one
-# chosen); "none" watches SIGTERM only.
+"""Seconds from a notice to the end of the process: below Kubernetes' default grace period (30 s)
+with room for the interpreter to exit.
+"""
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGHUP", "none")
+"""The notice signals tfpar's programs watch besides SIGTERM (Slurm's --signal sends the one
+chosen); "none" watches SIGTERM only.
+"""
 DEFAULT_NOTICE_SIGNAL = "SIGUSR1"
+"""The second notice signal watched by default (besides SIGTERM)."""
 
 _KEY_PREFIX = "tfpar/preemption"
 

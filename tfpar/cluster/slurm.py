@@ -32,14 +32,17 @@ from tfpar.errors import ClusterError
 if TYPE_CHECKING:
     import tensorflow as tf
 
-#: What ``srun`` sets for each task and the cluster is made of.
 STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
                   "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
-# The ports jobs are spread over: a block of PORT_BLOCK ports per job (and step), one per task
-# on a node, from PORT_LOW.
+""": What ``srun`` sets for each task and the cluster is made of."""
 PORT_LOW = 15000
+"""The ports jobs are spread over: a block of PORT_BLOCK ports per job (and step), one per task on
+a node, from PORT_LOW.
+"""
 PORT_HIGH = 65000
+"""The end of the port range tfpar's Slurm jobs take their ports from."""
 PORT_BLOCK = 64
+"""The ports one Slurm job step takes, from a block chosen by job and step id."""
 
 
 def check_environment(environ: Mapping[str, str]) -> None:

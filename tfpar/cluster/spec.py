@@ -24,7 +24,11 @@ if TYPE_CHECKING:  # Imported where used: the command line reads this module's c
     import tensorflow as tf
 
 SOURCES = ("auto", "tf_config", "slurm", "kubernetes", "flags")
+"""Where a multi-worker cluster comes from (``auto``: the first found of TF_CONFIG, Slurm,
+Kubernetes).
+"""
 TASK_TYPES = ("chief", "worker")
+"""The task types of a multi-worker cluster."""
 
 
 def _check_address(address: Any, where: str) -> None:

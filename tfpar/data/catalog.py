@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-# Work without internet: digits ship inside scikit-learn, synthetic data is generated.
 OFFLINE_DATASETS = ("digits", "synthetic")
+"""Work without internet: digits ship inside scikit-learn, synthetic data is generated."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,7 @@ TFDS = {
     "mnist": TfdsInfo("mnist", (28, 28, 1), 10, "https://storage.googleapis.com/"),
     "cifar10": TfdsInfo("cifar10", (32, 32, 3), 10, "https://www.cs.toronto.edu/"),
 }
+"""The TensorFlow Datasets tfpar trains on, by name: image shape and classes."""
 
 
 def available() -> list[str]:

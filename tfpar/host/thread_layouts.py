@@ -31,9 +31,11 @@ from tfpar import atomic_io
 from tfpar.host import machine
 
 TUNING_FILE_ENV = "TFPAR_TUNING_FILE"
-#: TensorFlow's switch for a pool of intra-op threads per logical CPU device (read when
-#: TensorFlow initialises).
+"""The environment variable naming the file of tuned thread layouts (one per machine kind)."""
 PER_DEVICE_THREAD_POOLS_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+""": TensorFlow's switch for a pool of intra-op threads per logical CPU device (read when :
+TensorFlow initialises).
+"""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from tfpar import devices as devices_lib
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device")
+"""How one process's replicas reduce (``auto``: NCCL on GPUs, reduction to one device on CPUs)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
+"""The collective implementations across workers (``nccl``: GPUs only)."""
 
 
 @dataclasses.dataclass(frozen=True)

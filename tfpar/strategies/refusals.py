@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     class TfparStrategy(tf.distribute.Strategy):
         refusal_alternative: str
 
-#: The model methods Keras's ``fit``, ``evaluate`` and ``predict`` pass to ``Strategy.run``.
 KERAS_STEPS = ("train_step", "test_step", "predict_step")
+""": The model methods Keras's ``fit``, ``evaluate`` and ``predict`` pass to ``Strategy.run``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,20 +200,21 @@ def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
                           argument="steps_per_execution")
 
 
-#: ``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` in a step that calls the
-#: optimizer: refused under every mirrored-family strategy.
 KERAS_UPDATE_IN_COND = Refusal("keras_update_in_cond", ("train_step",), _update_in_cond,
                                checks_replaced_steps=False)
-#: ``use_ema`` and constraints: refused under ``central_storage``.
+""": ``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` in a step that calls the :
+optimizer: refused under every mirrored-family strategy.
+"""
 REPLICA_ASSIGNS = Refusal("replica_assigns", ("train_step",), _replica_assigns,
                           checks_replaced_steps=False)
-#: Gradient clipping before the all-reduce: warned once on several replicas.
+""": ``use_ema`` and constraints: refused under ``central_storage``."""
 CLIPPING_PER_REPLICA = Refusal("clipping_per_replica", ("train_step",), _clipping_per_replica,
                                checks_replaced_steps=False)
-#: ``steps_per_execution > 1``: refused across workers where tfpar's fix is not applied.
+""": Gradient clipping before the all-reduce: warned once on several replicas."""
 MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_execution)
-#: ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy.
+""": ``steps_per_execution > 1``: refused across workers where tfpar's fix is not applied."""
 XLA_ON_CPU_REPLICAS = Refusal("xla_on_cpu_replicas", KERAS_STEPS, _xla_on_cpu_replicas)
+""": ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy."""
 
-#: What a strategy running Keras's own optimizer update under ``MirroredStrategy`` refuses.
 KERAS_OPTIMIZER_UPDATE = (KERAS_UPDATE_IN_COND, CLIPPING_PER_REPLICA)
+""": What a strategy running Keras's own optimizer update under ``MirroredStrategy`` refuses."""

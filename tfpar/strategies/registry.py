@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from tfpar import devices as devices_lib
 
 ENTRY_POINT_GROUP = "tfpar.strategies"
+"""The entry-point group through which installed packages register strategies (plugins)."""
 
 Factory = Callable[..., "tf.distribute.Strategy"]
 

@@ -167,12 +167,13 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
         self.assertReplicasInSync(model, rtol=rtol, atol=atol)
 
 
-#: The default ``(rtol, atol)`` of :meth:`StrategyTestCase.assertMatchesSingleDevice` by the
-#: model's Keras dtype policy: a mixed policy computes in 16 bits (bfloat16 keeps 8 bits of
-#: mantissa), so replicas that compute on shards of a batch round differently from one device
-#: that computes on the whole batch.
 TOLERANCES = {"float32": (1e-5, 1e-6), "mixed_float16": (1e-2, 1e-3),
               "mixed_bfloat16": (1e-2, 1e-3)}
+""": The default ``(rtol, atol)`` of :meth:`StrategyTestCase.assertMatchesSingleDevice` by the :
+model's Keras dtype policy: a mixed policy computes in 16 bits (bfloat16 keeps 8 bits of :
+mantissa), so replicas that compute on shards of a batch round differently from one device :
+that computes on the whole batch.
+"""
 
 
 def _made_from(strategy: tf.distribute.Strategy) -> strategies.Selection | None:

@@ -20,11 +20,13 @@ from tfpar.strategies import registry
 from tfpar.strategies.registry import StrategyChoice
 
 OPTIMIZERS = ("sgd", "adam")
-# How the learning rate changes after the warm-up (tfpar.training.schedules.learning_rate).
+"""The train command's optimizers."""
 LR_DECAYS = ("constant", "cosine")
+"""How the learning rate changes after the warm-up (tfpar.training.schedules.learning_rate)."""
 DTYPES = ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16")
-# What the train command also takes: chosen for the hardware (tfpar.training.recommendations).
+"""The Keras dtype policies the train command takes (besides ``auto``)."""
 AUTO = "auto"
+"""What the train command also takes: chosen for the hardware (tfpar.training.recommendations)."""
 
 
 @dataclasses.dataclass(frozen=True)
