@@ -114,6 +114,20 @@ class ExamplesTest(tf.test.TestCase):
                                        rf"{re.escape(base)}/tfpar-state/4242 ")
             self.assertEqual(lines[1:], ["scontrol requeue 4242"] if requeued else [])
 
+    def test_the_kubernetes_image_is_built_from_the_dockerfile_with_a_fixed_tag(self):
+        (container,) = self.manifests()["Job"]["spec"]["template"]["spec"]["containers"]
+        image = container["image"]
+        self.assertRegex(image, r":\d+\.\d+\.\d+$")  # Not :latest: every pod the same code.
+        with open(os.path.join(EXAMPLES, "kubernetes", "Dockerfile")) as f:
+            dockerfile = f.read()
+        self.assertIn('pip install --no-cache-dir "tfpar==${TFPAR_VERSION}"', dockerfile)
+        version = re.search(r"^ARG TFPAR_VERSION=(\S+)$", dockerfile, re.M).group(1)
+        self.assertTrue(image.endswith(f":{version}"), image)
+        self.assertIn(f"tfpar-train:{version}", dockerfile)
+        # The volume the state lives on is mounted where --model_dir points.
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        self.assertIn(f"--model_dir={mounts['state']}", container["command"])
+
     def test_the_kubernetes_job_retries_a_preempted_worker_and_fails_on_bad_input(self):
         job = self.manifests()["Job"]
         pod = job["spec"]["template"]["spec"]
