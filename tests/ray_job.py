@@ -3,9 +3,9 @@
 ``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs four trainers of 2
 workers: ``multi_worker``, ``multi_worker_allreduce``, and two ``multi_worker`` jobs whose
 worker 1 gets a signal at the start of epoch 2 of its first attempt, once Ray's controller has
-collected the epoch-1 checkpoint (it polls the workers every 2 s): ``killed`` (signal 9) and
-``terminated`` (SIGTERM, as a scheduler's preemption notice), each restarted by Ray
-(``FailureConfig(max_failures=1)``). Each writes OUTDIR/NAME.json (the Result's metrics, its
+collected the epoch-1 checkpoint (it polls the workers every 2 s): ``killed`` (signal 9,
+restarted by Ray, ``FailureConfig(max_failures=1)``) and ``terminated`` (SIGTERM, as a
+scheduler's first notice). Each writes OUTDIR/NAME.json (the Result's metrics, its
 checkpoint's folder, the epoch each attempt started at) and OUTDIR/NAME.npz (the final weights).
 Run it in a private network namespace: Ray then puts 127.0.0.1 in TF_CONFIG.
 """
@@ -63,7 +63,7 @@ def train_loop_per_worker(config):
                 open(marker, "w").close()
                 time.sleep(5)  # Ray's controller collects reports every 2 s.
                 os.kill(os.getpid(), config["kill"])
-                time.sleep(30)  # A signal the process survived would let it train on.
+                time.sleep(5)  # A signal the process survives lets it train on.
 
     x, y = data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
