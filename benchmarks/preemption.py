@@ -69,8 +69,8 @@ def one_round(args: argparse.Namespace, rng: random.Random) -> dict:
                f"--batch_size={args.batch_size}",
                f"--steps_per_execution={args.steps_per_execution}", f"--model_dir={model_dir}"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
+    errors = tempfile.TemporaryFile("w+")  # Read at the end: a pipe left unread would fill.
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
     steps: list[tuple[int, int, float]] = []
     signalled = 0.0
     for line in first.stdout:
@@ -84,8 +84,10 @@ def one_round(args: argparse.Namespace, rng: random.Random) -> dict:
             signalled = time.time()
             first.send_signal(signal.SIGTERM)
             break
-    rest, stderr = first.communicate(timeout=600)
+    rest = first.communicate(timeout=600)[0]
     exited = time.time()
+    errors.seek(0)
+    stderr = errors.read()
     for line in rest.splitlines():
         match = _STEP.match(line.strip())
         if match:
