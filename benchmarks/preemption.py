@@ -55,6 +55,10 @@ def child(args: argparse.Namespace) -> None:
         def on_train_batch_end(self, batch, logs=None):
             print(f"step {self.epoch} {batch + 1} {time.time():.3f}", flush=True)
 
+    from tfpar.cluster import preemption
+
+    # As tfpar-train does: notices watched for the whole program, which ends at once once saved.
+    preemption.watch_signals(preemption.notice_signals("SIGUSR1"), exit_process=True)
     config = training.TrainConfig(strategy="mirrored", model=args.model, dataset="digits",
                                   batch_size=args.batch_size, epochs=3, verbose=0,
                                   steps_per_execution=args.steps_per_execution,

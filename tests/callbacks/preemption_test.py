@@ -219,7 +219,8 @@ class UsersFitTest(testing.StrategyTestCase):
             history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
                                 validation_data=(x[:16], y[:16]),
                                 initial_epoch=checkpoint.restore(),
-                                callbacks=[checkpoint, SaveOnPreemption(checkpoint),
+                                callbacks=[checkpoint,
+                                           SaveOnPreemption(checkpoint, exit_process=False),
                                            *([notice] if notice else [])])
             return model, history
 

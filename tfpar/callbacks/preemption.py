@@ -18,7 +18,9 @@ import keras
 import tensorflow as tf
 
 from tfpar.callbacks.checkpointing import EpochCheckpoint
+from tfpar.cluster import peers
 from tfpar.cluster import preemption
+from tfpar.cluster import spec as cluster_spec
 
 _runs = itertools.count()  # Training runs of this process (the same on every worker).
 
@@ -35,14 +37,21 @@ class SaveOnPreemption(keras.callbacks.Callback):
         signals: The notice signals (default: SIGTERM and SIGUSR1).
         grace_seconds: Seconds from the notice to the end of the process at the latest; past
             them the process ends saying which state is intact.
+        exit_process: Once saved, end the process at once with the preempted status (the
+            chief of a multi-worker job first waits a moment for its peers to leave); ``False``
+            raises :class:`~tfpar.cluster.preemption.Preempted` (a ``SystemExit``) out of
+            ``fit`` instead, which can take long while TensorFlow frees the input's threads;
+            ``None``: as the program watching the notices chose (``tfpar-train`` exits).
     """
 
     def __init__(self, checkpoint: EpochCheckpoint | None = None,
                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1),
-                 grace_seconds: float = preemption.DEFAULT_GRACE_SECONDS):
+                 grace_seconds: float = preemption.DEFAULT_GRACE_SECONDS,
+                 exit_process: bool | None = True):
         super().__init__()
         preemption.check_grace_seconds(grace_seconds)
         self.checkpoint, self.signals, self.grace_seconds = checkpoint, signals, grace_seconds
+        self.exit_process = exit_process
         self._stop: preemption.StopStep | None = None
         self._steps = 0
         self._epoch = 0
@@ -105,5 +114,17 @@ class SaveOnPreemption(keras.callbacks.Callback):
             saved = f"state saved at {self.checkpoint.describe(epoch, 0)}"
         after = (f", {preemption.seconds_since_notice():.1f} s after the notice"
                  if preemption.noticed() else "")
-        raise preemption.stopping(
+        stop = preemption.stopping(
             f"Preempted ({name}): {saved}{after}; run the same command to resume.")
+        exit_process = (preemption.exits_process() if self.exit_process is None
+                        else self.exit_process)
+        if exit_process:
+            preemption.exit_now(self._leave_last)
+        raise stop
+
+    def _leave_last(self) -> None:
+        """The chief of a multi-worker job waits a moment for the other workers to leave (its
+        process leads TensorFlow's coordination service)."""
+        strategy = self.model.distribute_strategy
+        if cluster_spec.is_multi_worker(strategy) and cluster_spec.is_chief(strategy):
+            peers.leave_last(strategy.cluster_resolver)

@@ -103,7 +103,7 @@ def main(argv: list[str]) -> None:
     # A notice from here on stops the program with the preempted status: at once before and
     # after training, at the job's agreed step during it (saving the state with --model_dir).
     preemption.watch_signals(preemption.notice_signals(config.preemption_signal),
-                             config.preemption_grace_seconds)
+                             config.preemption_grace_seconds, exit_process=True)
     if config.sync_batchnorm and "synchronized_batchnorm" not in models.options(config.model):
         raise ConfigError(f"--sync_batchnorm needs a model with BatchNorm layers; "
                           f"--model={config.model} has none. Use --model=resnet18, or drop "

@@ -24,6 +24,7 @@ preemption (run it again: it resumes) from a crash or bad input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -104,7 +105,8 @@ class _Notices:
         self.last_saved: str | None = None  # The last complete state, in words.
         self.training = 0  # Training loops under way that will stop at a step boundary.
         # Each watch_signals: the signals and budget before it, and the handlers it replaced.
-        self.watches: list[tuple[tuple[signal.Signals, ...], float, dict]] = []
+        self.watches: list[tuple[tuple[signal.Signals, ...], float, dict, bool]] = []
+        self.exit_process = False  # See watch_signals.
         self.listeners: list[Callable[[int], None]] = []
         self.reader_started = False
         self.lock = threading.Lock()
@@ -191,7 +193,8 @@ def _start_reader() -> None:
     _notices.reader_started = True
 
 
-def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS) -> bool:
+def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS, *,
+                  exit_process: bool | None = None) -> bool:
     """Treats ``signals`` as preemption notices in this process (see the module docstring).
 
     Until the matching :func:`unwatch_signals`, a notice outside a training loop stops the
@@ -201,6 +204,9 @@ def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_S
     Args:
         signals: The notice signals, e.g. ``notice_signals("SIGUSR1")``.
         grace_seconds: Seconds from a notice to the end of the process at the latest.
+        exit_process: After training stopped and saved for a notice, end the process at once
+            (a program such as ``tfpar-train``) rather than raise :class:`Preempted`; ``None``
+            keeps what an outer watch chose (raise, by default).
 
     Returns:
         Whether the signals are watched: handlers can be set in the main thread only
@@ -213,7 +219,10 @@ def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_S
         return False
     _start_reader()
     _notices.watches.append((_notices.signals, _notices.grace_seconds,
-                             {s: signal.signal(s, _on_signal) for s in signals}))
+                             {s: signal.signal(s, _on_signal) for s in signals},
+                             _notices.exit_process))
+    if exit_process is not None:
+        _notices.exit_process = exit_process
     _notices.grace_seconds = float(grace_seconds)
     _notices.signals = tuple(signal.Signals(s) for s in signals)
     return True
@@ -223,7 +232,8 @@ def unwatch_signals() -> None:
     """Ends the innermost :func:`watch_signals`: its signals get back their handlers."""
     if threading.current_thread() is not threading.main_thread() or not _notices.watches:
         return
-    _notices.signals, _notices.grace_seconds, previous = _notices.watches.pop()
+    (_notices.signals, _notices.grace_seconds, previous,
+     _notices.exit_process) = _notices.watches.pop()
     for signum, handler in previous.items():
         signal.signal(signum, handler)
 
@@ -260,6 +270,30 @@ def stopping(message: str) -> Preempted:
     _notices.stopping.set()
     print(message, file=sys.stderr, flush=True)
     return Preempted(message)
+
+
+def exit_now(before: Callable[[], object] | None = None) -> None:
+    """Ends the process at once with :data:`PREEMPTED_EXIT_STATUS`, after ``before()`` (e.g.
+    the chief waiting for its peers to leave) and flushing standard output and error.
+
+    Unwinding ``fit`` instead (raising :class:`Preempted`) frees its input iterators in the
+    main thread, where TensorFlow can wait tens of seconds for their threads (seen: 40 s with
+    ResNet-18), past a scheduler's grace period; the state is saved already.
+    """
+    try:
+        if before is not None:
+            before()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(PREEMPTED_EXIT_STATUS)
+
+
+def exits_process() -> bool:
+    """Whether the program watching the notices asked to end the process at once after a
+    preemption's save (:func:`watch_signals`'s ``exit_process``), rather than raise."""
+    return _notices.exit_process
 
 
 def training(active: bool) -> None:

@@ -193,7 +193,7 @@ class _RunCallbacks:
         # Last of tfpar's: a notice stops training after the others saw the step (or epoch).
         callbacks.append(SaveOnPreemption(
             checkpoint, preemption.notice_signals(config.preemption_signal),
-            config.preemption_grace_seconds))
+            config.preemption_grace_seconds, exit_process=None))
         earlier = {name: list(values) for name, values in checkpoint.history.items()
                    } if checkpoint else {}
         return cls([*callbacks, *extra], timer, loss_guard, checkpoint, initial_epoch, earlier,
