@@ -162,6 +162,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         known = set().union(*self.defined_flags().values()) | examples | {
             "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
             "requeue", "gpus_per_task", "signal", "cpus_per_task",  # sbatch, srun
+            "shm_size",  # docker run
             "tfpar_devices",  # tfpar's pytest plugin
             "strict"}  # mkdocs build
         unknown = []
