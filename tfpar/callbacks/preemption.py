@@ -100,7 +100,6 @@ class SaveOnPreemption(keras.callbacks.Callback):
             self._watching = False
 
     def _raise_preempted(self, epoch: int, steps: int) -> None:
-        self._end()
         name = preemption.notice_name() or "a peer's notice"
         if steps:
             where = f"epoch {epoch + 1} step {steps}"
@@ -112,6 +111,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
             saved = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
         else:
             saved = f"state saved at {self.checkpoint.describe(epoch, 0)}"
+        self._end()  # After the save: a second notice during it only records itself.
         after = (f", {preemption.seconds_since_notice():.1f} s after the notice"
                  if preemption.noticed() else "")
         stop = preemption.stopping(

@@ -109,21 +109,32 @@ class _Notices:
         self.exit_process = False  # See watch_signals.
         self.listeners: list[Callable[[int], None]] = []
         self.reader_started = False
+        self.read_end: int | None = None  # The wakeup descriptor's reading end.
         self.lock = threading.Lock()
         self.generation = 0  # Counts resets: a budget started before one ends nothing.
 
     def reset(self) -> None:
         with self.lock:
             self.generation += 1
+            if self.read_end is not None:  # Arrivals not read yet belong to the old notice.
+                os.set_blocking(self.read_end, False)
+                try:
+                    while os.read(self.read_end, 64):
+                        pass
+                except OSError:
+                    pass
+                finally:
+                    os.set_blocking(self.read_end, True)
             self.arrived.clear()
             self.stopping.clear()
             self.name, self.arrived_at, self.last_saved = "", 0.0, None
 
-    def record(self, signum: int) -> None:
+    def record(self, signum: int, generation: int | None = None) -> None:
         """Called from the signal's arrival (any thread): records the first notice and starts
-        the grace budget."""
+        the grace budget; an arrival read before a :meth:`reset` (``generation`` older) is
+        the notice already handled, not a new one."""
         with self.lock:
-            if self.arrived.is_set():
+            if self.arrived.is_set() or generation not in (None, self.generation):
                 return
             self.name = signal.Signals(signum).name
             self.arrived_at = time.monotonic()
@@ -168,9 +179,10 @@ def _read_arrivals(read_end: int) -> None:
     TensorFlow (where Python handlers wait): Python's C-level handler writes each signal's
     number to the wakeup descriptor."""
     while True:
+        generation = _notices.generation
         signum = os.read(read_end, 1)[0]
         if signum in _notices.signals:
-            _notices.record(signum)
+            _notices.record(signum, generation)
         for listener in list(_notices.listeners):
             listener(signum)
 
@@ -190,7 +202,7 @@ def _start_reader() -> None:
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     threading.Thread(target=_read_arrivals, args=(read_end,), name="tfpar-signals",
                      daemon=True).start()
-    _notices.reader_started = True
+    _notices.reader_started, _notices.read_end = True, read_end
 
 
 def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS, *,
