@@ -210,7 +210,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         # is true and how to reproduce it.
         notes = re.compile(r"\bswung\b|\btook about \d+ (minutes|seconds|hours)\b|"
                            r"\brecent run\b|\bA test (kills|sends|runs)\b|^#+ What was run|"
-                           r"\bseeds' means\b|\bthis session\b|\blast session\b", re.M)
+                           r"\bseeds' means\b|\b(?:this|last) sess(?:ion)\b", re.M)
         found = [f"{os.path.relpath(page, ROOT)}: {m.group(0)!r}"
                  for page in PAGES if not page.endswith("changelog.md")
                  for m in notes.finditer(read(page))]
