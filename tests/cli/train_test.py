@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -123,12 +124,15 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         output, plot = os.path.join(folder, "r.json"), os.path.join(folder, "curves.png")
         argv = ["train.py", "--dataset=synthetic", "--epochs=2", "--verbose=0",
                 "--batch_size=256", "--num_devices=1,2", f"--output={output}", f"--plot={plot}"]
+        before = signal.getsignal(signal.SIGTERM)
         try:
             FLAGS(argv)
             with contextlib.redirect_stdout(io.StringIO()):
                 train_cli.main(argv[:1])
         finally:
             FLAGS.unparse_flags()
+        # The program watched SIGTERM as a preemption notice while it ran, not after.
+        self.assertIs(signal.getsignal(signal.SIGTERM), before)
         with open(plot, "rb") as f:
             header = f.read(24)
         self.assertEqual(header[:8], b"\x89PNG\r\n\x1a\n")

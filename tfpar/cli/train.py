@@ -104,6 +104,14 @@ def main(argv: list[str]) -> None:
     # after training, at the job's agreed step during it (saving the state with --model_dir).
     preemption.watch_signals(preemption.notice_signals(config.preemption_signal),
                              config.preemption_grace_seconds, exit_process=True)
+    try:
+        _train_and_report(config, device_sets)
+    finally:  # A process that runs main and goes on (a test) gets its handlers back.
+        preemption.unwatch_signals()
+
+
+def _train_and_report(config: config_lib.TrainConfig, device_sets: list) -> None:
+    """Checks the outputs, trains on each device set and writes the lines, table and files."""
     if config.sync_batchnorm and "synchronized_batchnorm" not in models.options(config.model):
         raise ConfigError(f"--sync_batchnorm needs a model with BatchNorm layers; "
                           f"--model={config.model} has none. Use --model=resnet18, or drop "
