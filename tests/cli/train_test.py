@@ -4,8 +4,8 @@ import contextlib
 import io
 import json
 import os
-import signal
 import re
+import signal
 import subprocess
 import sys
 from unittest import mock
