@@ -166,12 +166,9 @@ def _on_signal(signum, frame):
     """The Python-level handler of a notice signal (runs in the main thread)."""
     _notices.record(signum)
     if not _notices.training:  # No training loop will stop at a step: stop here.
-        _notices.stopping.set()
         saved = (f"{_notices.last_saved} is where a rerun resumes" if _notices.last_saved
                  else "no training step had run since the start, so nothing new was to be saved")
-        message = f"Preempted ({_notices.name}) outside training: {saved}."
-        print(message, file=sys.stderr, flush=True)
-        raise Preempted(message)
+        raise stopping(f"Preempted ({_notices.name}) outside training: {saved}.")
 
 
 def _read_arrivals(read_end: int) -> None:
