@@ -135,6 +135,16 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "use tfpar.benchmark.measurements.",
             "True True True True True"])
 
+    def test_aliases_are_left_out_of_dir_even_once_imported(self):
+        code = ("import warnings\n"
+                "warnings.simplefilter('ignore', DeprecationWarning)\n"
+                "import tfpar, tfpar.benchmark, tfpar.machine, tfpar.multiworker.launcher\n"
+                "print(*sorted(set(dir(tfpar)) & {'machine', 'thread_layouts', 'evaluation',\n"
+                "      'schedules', 'multiworker', 'host', 'training', 'cluster'}))\n"
+                "print(*sorted(set(dir(tfpar.benchmark)) & {'configuration', 'measurements'}))\n"
+                "print(tfpar.machine.cpu is tfpar.host.machine.cpu)\n")
+        self.assertEqual(run_lines(code), ["cluster host training", "measurements", "True"])
+
 
 if __name__ == "__main__":
     tf.test.main()

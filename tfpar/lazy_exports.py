@@ -6,6 +6,10 @@ command line must answer ``--help`` without importing TensorFlow at all. So a pa
 importing the modules that define it: :func:`install` gives the package a module
 ``__getattr__`` (PEP 562) that imports a name's module when the name is first read, and makes
 every submodule reachable as an attribute (``tfpar.allreduce.algorithms``).
+
+A deprecated alias module (its docstring begins with :data:`DEPRECATED_MARK`) stays
+importable until its announced removal but is left out of the package's ``dir()``, so that
+completion and listings show only the current names.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Mapping
+
+DEPRECATED_MARK = '"""Deprecated since '
+"""How a deprecated alias module's source begins (its docstring names the replacement)."""
 
 
 def install(package: str, names: Mapping[str, str] | None = None) -> None:
@@ -41,10 +48,24 @@ def install(package: str, names: Mapping[str, str] | None = None) -> None:
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(vars(module)) | set(names) | submodules)
+        current = {m for m in submodules if not _deprecated(module, m)}
+        return sorted((set(vars(module)) - submodules) | set(names) | current)
 
     setattr(module, "__getattr__", __getattr__)  # noqa: B010 (a module's, not a method)
     setattr(module, "__dir__", __dir__)  # noqa: B010
     if names:
         setattr(module, "__all__",  # noqa: B010
                 sorted(set(getattr(module, "__all__", ())) | set(names)))
+
+
+def _deprecated(package, submodule: str) -> bool:
+    """Whether ``package.submodule`` is a deprecated alias (read from its source's first
+    characters, without importing it)."""
+    for base in package.__path__:
+        for path in (f"{base}/{submodule}.py", f"{base}/{submodule}/__init__.py"):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return f.read(len(DEPRECATED_MARK)) == DEPRECATED_MARK
+            except OSError:
+                continue
+    return False
