@@ -220,7 +220,7 @@ def connect(make: Callable[[], tf.distribute.Strategy],
         raise PeerUnreachableError(
             f"A peer went away while TensorFlow connected the cluster: not every task "
             f"registered within {timeout:g} s. Restart every task of the job (tfpar's launcher "
-            "does with --max_restarts), or wait longer with a larger cluster_timeout.") from None
+            "does with max_restarts), or wait longer with a larger cluster_timeout.") from None
     except tf.errors.UnknownError as e:
         if "Could not start gRPC server" in str(e):
             raise PortTakenError("This worker's TensorFlow server could not bind its port: it "
