@@ -90,6 +90,24 @@ class PackageLayoutTest(tf.test.TestCase):
                             found.append(os.path.join(folder, name))
         self.assertEqual(found, [])
 
+    def test_every_file_a_docstring_or_page_names_exists(self):
+        # A docstring that points a reader to "the test that fails without it" must point to
+        # one that is there.
+        root = os.path.dirname(PACKAGE)
+        texts = [os.path.join(folder, name) for top in ("tfpar", "docs", "scripts")
+                 for folder, _, files in os.walk(os.path.join(root, top)) for name in files
+                 if name.endswith((".py", ".md"))]
+        texts += [os.path.join(root, name) for name in ("README.md", "DEVELOPERS.md")]
+        named = set()
+        for path in texts:
+            with open(path, encoding="utf-8") as f:
+                named |= {(m, path) for m in re.findall(r"\b(?:tests|tfpar|scripts|benchmarks)/"
+                                                        r"[a-z0-9_/]+\.py\b", f.read())}
+        self.assertGreater(len(named), 10)
+        missing = sorted((m, os.path.relpath(p, root)) for m, p in named
+                         if not os.path.exists(os.path.join(root, m)))
+        self.assertEqual(missing, [])
+
     def test_the_cycle_finder_finds_one(self):
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}),
                          [["a", "b", "c"]])

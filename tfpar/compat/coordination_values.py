@@ -10,7 +10,7 @@ process itself); the store it uses has no public API. ``tensorflow.python.eager.
 ``get_config_key_value`` (blocks, releasing Python's interpreter, until the key exists or
 the timeout passes) are imported here only, behind :data:`VERIFIED_TENSORFLOW`; elsewhere
 :func:`available` is false and a job's workers stop on their own notices only.
-``tests/end_to_end/preemption_test.py`` signals one worker of a job and checks that every
+``tests/end_to_end/preempted_jobs_test.py`` signals one worker of a job and checks that every
 worker stops at the same step (without the store, the other would wait in the next step's
 collective).
 """

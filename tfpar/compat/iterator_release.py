@@ -175,7 +175,7 @@ def releasing_iterators(dataset: Any) -> Any:
     only change is ``__iter__``, so everything else (its type spec in ``tf.function``, its
     ``element_spec``, ``reduce``, ``isinstance`` checks) is TensorFlow's. No public API frees an
     iterator elsewhere or wakes the autotuning thread; applied on :data:`VERIFIED_TENSORFLOW`
-    only (``tests/strategies/iterator_release_test.py`` fails without it).
+    only (``tests/compat/iterator_release_test.py`` fails without it).
     """
     if not applies() or getattr(dataset, "_tfpar_releases_iterators", False):
         return dataset

@@ -116,7 +116,7 @@ class ReportsGlobalValues(Protocol):
 def _tf_trainer() -> Any:
     """Keras's TensorFlow trainer module. See the module docstring: no public API serves; it
     is imported only behind the version gate (:func:`skip_reason`), and each fix has a test
-    that fails without it (tests/keras_fixes_test.py)."""
+    that fails without it (tests/compat/keras_fixes_test.py)."""
     return importlib.import_module("keras.src.backend.tensorflow.trainer")
 
 
