@@ -68,9 +68,18 @@ def default_of(cls: type, name: str) -> Any:
     return f.default
 
 
+def plain_text(text: str) -> str:
+    """``text`` without reStructuredText's markup, for a terminal or a flag table:
+    ``:class:`tfpar.x.Y``` becomes ``tfpar.x.Y``, ````code```` becomes ``code`` and a
+    literal block's ``::`` a colon."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    text = text.replace("``", "")
+    return re.sub(r"(?<=\w)::(?=\s|$)", ":", text, flags=re.MULTILINE)
+
+
 def descriptions(cls: type) -> dict[str, str]:
     """Each field's description, from the ``Attributes:`` section of ``cls``'s docstring, as
-    one line (reStructuredText's double backquotes dropped)."""
+    one line of plain text (:func:`plain_text`)."""
     doc = inspect.getdoc(cls) or ""
     match = re.search(r"^Attributes:\n((?:[ \t]+.*\n?|\n)*)", doc, re.MULTILINE)
     if not match:
@@ -84,7 +93,7 @@ def descriptions(cls: type) -> dict[str, str]:
             found[current] = [item.group(2)]
         elif current and line.startswith("        "):
             found[current].append(line.strip())
-    return {name: " ".join(lines).replace("``", "") for name, lines in found.items()}
+    return {name: plain_text(" ".join(lines)) for name, lines in found.items()}
 
 
 def check_choices(config: Any, error: type[TfparError]) -> None:

@@ -245,6 +245,17 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(read(os.path.join(ROOT, "docs", "flags.md")), result.stdout,
                          "docs/flags.md is stale: python -m tfpar.cli.flag_reference > "
                          "docs/flags.md")
+        # Docstrings' markup (roles, double backquotes, literal-block colons) is not for users.
+        self.assertNotRegex(result.stdout, r":[a-z]+:`|``|\w::")
+
+    def test_help_is_plain_text(self):
+        for script in SCRIPTS:
+            result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts",
+                                                                  f"{script}.py"), "--help"],
+                                    capture_output=True, text=True, timeout=120, cwd=ROOT)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            self.assertIn("--", result.stdout)
+            self.assertNotRegex(result.stdout, r":[a-z]+:`|``|\w::", script)
 
 
 if __name__ == "__main__":

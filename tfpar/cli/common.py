@@ -17,6 +17,7 @@ from typing import Any
 from absl import app
 from absl import flags
 
+from tfpar import config_fields
 from tfpar.cluster import preemption
 from tfpar.errors import ConfigError
 from tfpar.errors import TfparError
@@ -106,7 +107,7 @@ def _end_if_stuck_after_signal() -> None:
 
 def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:
     """Returns ``--help`` text: ``doc``, then each group's flags with help and default."""
-    lines = [doc.strip(), ""]
+    lines = [config_fields.plain_text(doc.strip()), ""]
     for title, names in groups.items():
         lines.append(f"{title}:")
         for name in names:
