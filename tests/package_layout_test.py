@@ -3,6 +3,7 @@ others (every import counts: lazy, in functions, for type checkers). import-lint
 checks that no module imports from a layer above its own."""
 
 import ast
+import configparser
 import os
 import re
 import sys
@@ -107,6 +108,20 @@ class PackageLayoutTest(tf.test.TestCase):
         missing = sorted((m, os.path.relpath(p, root)) for m, p in named
                          if not os.path.exists(os.path.join(root, m)))
         self.assertEqual(missing, [])
+
+    def test_the_developers_layer_list_is_the_import_contract(self):
+        root = os.path.dirname(PACKAGE)
+        parser = configparser.ConfigParser()
+        parser.read(os.path.join(root, "setup.cfg"))
+        contract = [sorted(m.strip().removeprefix("tfpar.") for m in line.split("|"))
+                    for line in parser["importlinter:contract:layers"]["layers"].splitlines()
+                    if line.strip() and not line.strip().startswith("#")]
+        with open(os.path.join(root, "DEVELOPERS.md"), encoding="utf-8") as f:
+            section = f.read().split("## Layers\n", 1)[1].split("\n## ", 1)[0]
+        listed = [sorted(re.findall(r"`([\w.]+)`", item.split(" — ", 1)[0]))
+                  for item in re.findall(r"^\d+\. (.*)$", section, re.MULTILINE)]
+        self.assertGreater(len(contract), 5)
+        self.assertEqual(listed, contract)
 
     def test_the_cycle_finder_finds_one(self):
         self.assertEqual(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}),
