@@ -17,13 +17,26 @@ from tfpar.errors import RegistryError
 if TYPE_CHECKING:
     import keras
 
-# Name -> module of the builder of the same name. Imported on first use, so the names are
+
+def _lenet():
+    from tfpar.models.lenet import lenet
+
+    return lenet
+
+
+def _resnet18():
+    from tfpar.models.resnet import resnet18
+
+    return resnet18
+
+
+# Name -> the import of the builder of the same name. Imported on first use, so the names are
 # known without importing Keras (command-line help answers at once).
-_BUILDERS = {"lenet": "tfpar.models.lenet", "resnet18": "tfpar.models.resnet"}
+_BUILDERS = {"lenet": _lenet, "resnet18": _resnet18}
 
 
 def _builder(name: str):
-    builder = getattr(importlib.import_module(_BUILDERS[name]), name)
+    builder = _BUILDERS[name]()
     # Importing submodule `lenet` binds the package attribute `lenet` to the module; the
     # package's `lenet` is the builder function, as before the import was lazy.
     globals()[name] = builder
