@@ -44,7 +44,13 @@ def exports(package: str) -> dict[str, str]:
     module = importlib.import_module(package)
     source = read(module.__file__)
     names = {}
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    # Imports inside functions load a module on first use; they export nothing.
+    in_functions = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                    for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in in_functions:
+            continue
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "install" \
                 and len(node.args) > 1 and isinstance(node.args[1], ast.Dict):
             for key, value in zip(node.args[1].keys, node.args[1].values):
