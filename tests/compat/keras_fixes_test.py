@@ -1,8 +1,10 @@
 """Tests that tfpar's Keras fixes are what make fit survive, and that they know their limits."""
 
+import importlib
 import io
 import json
 import os
+import re
 import sys
 from unittest import mock
 
@@ -18,6 +20,8 @@ from tfpar import testing
 from tfpar.cluster import launcher
 from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
+from tfpar.compat.keras_fixes import fix
+from tfpar.compat.keras_fixes import scalar_logs
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster",
                       "multi_worker_worker.py")
@@ -112,11 +116,11 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
 
         def counted_reduce(*args, **kwargs):
             # Those of the logs (TensorFlow's reads of metric variables reduce too).
-            if sys._getframe(1).f_code.co_filename == keras_fixes.__file__:
+            if sys._getframe(1).f_code.co_filename == scalar_logs.__file__:
                 traced_reductions.append(args[0])
             return reduce(*args, **kwargs)
 
-        with mock.patch.object(keras_fixes, "_several_workers", return_value=True), \
+        with mock.patch.object(fix, "several_workers", return_value=True), \
                 mock.patch.object(strategy, "reduce", counted_reduce):
             across = model.fit(testing.tiny_dataset(16), verbose=0, shuffle=False).history
         model.set_weights(initial)
@@ -260,6 +264,29 @@ class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
             self.assertFalse(os.path.exists(os.path.dirname(model.saved_to[0])))
         callback.on_train_end()
         self.assertEqual(os.path.exists(backup_dir), fixed)
+
+
+class OneFixPerModuleTest(tf.test.TestCase):
+
+    def test_each_fix_module_names_its_upstream_versions_and_failing_test(self):
+        package = os.path.dirname(keras_fixes.__file__)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(package)))
+        registered = []
+        for name in sorted(os.listdir(package)):
+            if not name.endswith(".py") or name in ("__init__.py", "fix.py"):
+                continue
+            module = importlib.import_module(f"tfpar.compat.keras_fixes.{name[:-3]}")
+            doc = module.__doc__ or ""
+            self.assertRegex(doc, r"^Fix: ", name)
+            self.assertRegex(doc, r"Upstream: ", name)
+            self.assertRegex(doc, r"Checked on\s+Keras 3\.\d+", name)
+            tests = re.findall(r"Fails without it:\s+``(tests/[\w/]+\.py)``", doc)
+            self.assertLen(tests, 1, name)
+            self.assertTrue(os.path.exists(os.path.join(root, tests[0])), tests[0])
+            registered += [fix.name for fix in module.FIXES]
+        # Every module's fixes are in the registry; the registry's others are mid_epoch_resume's.
+        self.assertCountEqual([f.name for f in keras_fixes.FIXES],
+                              [*registered, "mid_epoch_start"])
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ against (:mod:`.versions`) and a test that fails without it:
   updates (iteration counter, gradient accumulators, EMA averages, weight-decay exclusions,
   the logged loss).
 
-- :mod:`.keras_fixes`: wrappers of Keras's ``fit`` internals and of how its variables add under
-  ``central_storage``, installed by every tfpar strategy of several replicas
+- :mod:`.keras_fixes`: one module per Keras defect under ``tf.distribute`` (wrappers of
+  Keras's ``fit`` internals, of how its variables add under ``central_storage``, of
+  ``BackupAndRestore``), installed by every tfpar strategy of several replicas
   (:class:`tfpar.strategies.base.TfparStrategy`);
 - :mod:`.iterator_release`: ``tf.data`` iterators freed off the training thread (by that base
   class, for every strategy class of tfpar's);

@@ -9,7 +9,7 @@ A strategy class is ``class MyStrategy(TfparStrategy, tf.distribute.SomeStrategy
 - :meth:`TfparStrategy.replacement_step`: the step hook (``None``: Keras's step runs);
 - :meth:`TfparStrategy.is_global_value`: whether a log of a replaced step is already the same
   on every replica and worker (the
-  :class:`~tfpar.compat.keras_fixes.ReportsGlobalValues` protocol).
+  :class:`~tfpar.compat.keras_fixes.scalar_logs.ReportsGlobalValues` protocol).
 
 When it is built it checks ``TF_CONFIG`` first (TensorFlow's strategies parse it and fail with
 a JSON traceback on a malformed one) and, with several replicas, installs tfpar's fixes of
@@ -113,8 +113,8 @@ class TfparStrategy(_StrategyBase):
 
     def is_global_value(self, value: Any) -> bool:
         """Whether ``value`` is a log of a replaced step: the same on every replica and worker,
-        so there is nothing to reduce (the :class:`tfpar.compat.keras_fixes.ReportsGlobalValues`
-        protocol)."""
+        so there is nothing to reduce (the
+        :class:`tfpar.compat.keras_fixes.scalar_logs.ReportsGlobalValues` protocol)."""
         return isinstance(value, tf.Tensor) and value.ref() in getattr(self, "_global_values", ())
 
     def experimental_distribute_dataset(self, dataset, options=None):

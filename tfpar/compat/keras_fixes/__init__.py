@@ -1,0 +1,129 @@
+"""tfpar's fixes for defects of Keras 3 under ``tf.distribute``, one module each, and their
+registry: installed by every tfpar strategy of several replicas
+(:class:`tfpar.strategies.base.TfparStrategy`).
+
+- :mod:`.symbolic_build`: ``fit``/``evaluate`` build a model from one replica's shard, not a
+  cross-replica mean (uneven first batches under ``mirrored``; every ``multi_worker`` run).
+- :mod:`.scalar_logs`: scalar logs of several workers reduced with ``axis=None``, in one
+  collective; logs that are global already (:class:`.scalar_logs.ReportsGlobalValues`) left.
+- :mod:`.multi_step_functions`: several steps per compiled call across workers.
+- :mod:`.central_storage_metrics`: metric variables under ``central_storage`` add increments.
+- :mod:`.scaled_losses`: a model's own ``train_step``/``test_step`` logs the whole loss.
+- :mod:`.backup_and_restore`: ``BackupAndRestore`` across workers, with the right epoch and
+  step recorded.
+- :mod:`tfpar.compat.mid_epoch_resume`: ``fit`` starts a resumed epoch at its step.
+
+:mod:`.fix` says what a fix is. Each fix module names its upstream issue, the Keras versions it
+was checked on and the test that fails without it; each wraps one private attribute of Keras
+(no public API serves, see :mod:`.fix`) and calls Keras's own code wherever its defect is not.
+
+They are applied only on the Keras versions they were verified against
+(:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
+says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
+DEVELOPERS.md), ``=off`` never.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import keras
+from absl import logging
+
+from tfpar.compat import mid_epoch_resume
+from tfpar.compat import versions
+from tfpar.compat.keras_fixes import backup_and_restore
+from tfpar.compat.keras_fixes import central_storage_metrics
+from tfpar.compat.keras_fixes import multi_step_functions
+from tfpar.compat.keras_fixes import scalar_logs
+from tfpar.compat.keras_fixes import scaled_losses
+from tfpar.compat.keras_fixes import symbolic_build
+from tfpar.compat.keras_fixes.fix import Fix
+from tfpar.compat.keras_fixes.scalar_logs import ReportsGlobalValues
+
+__all__ = ["FIXES", "Fix", "MODE_ENV", "ReportsGlobalValues", "VERIFIED_KERAS", "install",
+           "installed", "skip_reason", "status", "uninstall"]
+
+# The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
+# to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
+VERIFIED_KERAS = versions.VERIFIED_KERAS
+MODE_ENV = versions.KERAS_MODE_ENV
+
+
+def _epoch_iterator() -> Any:
+    """Keras's epoch iterator class (see :mod:`tfpar.compat.mid_epoch_resume`)."""
+    return importlib.import_module("keras.src.trainers.epoch_iterator").EpochIterator
+
+
+FIXES: tuple[Fix, ...] = (
+    *symbolic_build.FIXES, *scalar_logs.FIXES, *multi_step_functions.FIXES,
+    *central_storage_metrics.FIXES, *scaled_losses.FIXES, *backup_and_restore.FIXES,
+    # Declared here: mid_epoch_resume is also read by tfpar's checkpoints, below this package.
+    Fix("mid_epoch_start", "fit starts a resumed epoch at the step its state was saved at "
+        "(EpochCheckpoint, BackupAndRestore(save_freq=N)), the batches before it drawn, not "
+        "trained on", _epoch_iterator, "_enumerate_iterator",
+        mid_epoch_resume.wrap_enumerate_iterator),
+)
+"""Every fix, in the order they are installed."""
+
+_originals: dict[str, Callable] = {}
+_skipped: list[str] = []  # Why the fixes were not applied, once known.
+
+
+def skip_reason() -> str | None:
+    """Why the fixes would not be applied on this Keras (``None``: they would)."""
+    reason = versions.keras_skip_reason(keras.version())
+    if reason:
+        return reason
+    try:
+        missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
+    except ImportError as e:
+        return f"Keras {keras.version()} has no {e.name}"
+    if missing:
+        return f"Keras {keras.version()} has no {', '.join(missing)}"
+    return None
+
+
+def install(names: tuple[str, ...] | None = None) -> None:
+    """Installs the fixes (all, or those named), once; idempotent.
+
+    On a Keras they were not verified against, warns once and installs nothing.
+    """
+    reason = skip_reason()
+    if reason:
+        if not _skipped:
+            _skipped.append(reason)
+            logging.warning("tfpar's fixes for Keras fit under tf.distribute are not applied: "
+                            "%s. Uneven batches under 'mirrored' and fit under multi_worker may "
+                            "fail.", reason)
+        return
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name not in _originals:
+            owner = fix.owner()
+            _originals[fix.name] = getattr(owner, fix.attribute)
+            setattr(owner, fix.attribute, fix.wrap(_originals[fix.name]))
+
+
+def uninstall(names: tuple[str, ...] | None = None) -> None:
+    """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
+    for fix in FIXES:
+        if (names is None or fix.name in names) and fix.name in _originals:
+            setattr(fix.owner(), fix.attribute, _originals.pop(fix.name))
+
+
+def installed() -> bool:
+    """Returns whether every fix is installed."""
+    return all(fix.name in _originals for fix in FIXES)
+
+
+def status() -> dict[str, Any]:
+    """What ``tfpar-env`` reports: Keras's version, the verified range, whether the fixes
+    apply, each fix."""
+    reason = skip_reason()
+    return {"keras": keras.version(),
+            "verified_with_keras": versions.keras_range_text(),
+            "applied": (f"no: {reason}" if reason else
+                        "yes, by every tfpar strategy of several replicas"),
+            "fixes": {f.name: f.description for f in FIXES}}
