@@ -14,6 +14,7 @@ from absl.testing import parameterized
 
 import tfpar
 from tfpar import data
+from tfpar import strategies
 from tfpar import testing
 from tfpar import training
 from tfpar.callbacks import EpochCheckpoint
@@ -83,7 +84,7 @@ class PreemptedRunTest(testing.StrategyTestCase):
         self.assertEqual(stopped.exception.code, preemption.PREEMPTED_EXIT_STATUS)
         preemption.reset()
         resumed = training.train_on_devices(parts, devices, splits)
-        run = training_run.run_folder("", config.choice.name, devices)
+        run = training_run.run_folder("", config.strategy.name, devices)
         expected = checkpoint_values(os.path.join(base, "whole", run))
         actual = checkpoint_values(os.path.join(base, "parts", run))
         self.assertEqual(sorted(expected), sorted(actual))
@@ -101,7 +102,7 @@ class PreemptedRunTest(testing.StrategyTestCase):
         ("allreduce_accumulating", "allreduce", {"accumulation_steps": 2}, 1))
     def test_a_notice_mid_epoch_stops_after_the_step_and_resumes_at_the_next(
             self, strategy, options, steps_per_execution):
-        config = training.TrainConfig(strategy=strategy, strategy_options=options,
+        config = training.TrainConfig(strategy=strategies.choose(strategy, **options),
                                       dataset="synthetic", epochs=3, batch_size=8, verbose=0,
                                       steps_per_execution=steps_per_execution)
         message, _, resumed = self.preempt_and_resume(config, SignalAt(2, 2 * steps_per_execution))

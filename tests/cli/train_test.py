@@ -50,6 +50,10 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(saved["results"][1]["global_batch_size"], 256)
         self.assertGreater(saved["results"][0]["test_accuracy"], 0.5)
         self.assertLen(saved["results"][0]["epoch_seconds"], 2)
+        # The strategy as its name and options, as the flags gave them.
+        self.assertEqual(saved["config"]["strategy"], "allreduce")
+        self.assertEqual(saved["config"]["strategy_options"]["algorithm"], "collective")
+        self.assertEqual(saved["config"]["epochs"], 2)
 
     @parameterized.named_parameters(
         ("unknown_strategy", ["--strategy=mirroed"], r"Unknown strategy 'mirroed'\. Available"),

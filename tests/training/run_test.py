@@ -11,6 +11,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tfpar import data
+from tfpar import strategies
 from tfpar import testing
 from tfpar import training
 from tfpar.errors import ConfigError
@@ -103,9 +104,11 @@ class OptionsTest(testing.StrategyTestCase):
         self.assertNotEmpty(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
 
     def test_the_strategy_is_resolved_once_when_the_config_is_made(self):
-        config = dataclasses.replace(CONFIG, strategy="allreduce",
-                                     strategy_options={"accumulation_steps": 2})
-        self.assertEqual(config.choice.micro_batches, 2)
+        config = dataclasses.replace(
+            CONFIG, strategy=strategies.choose("allreduce", accumulation_steps=2))
+        self.assertEqual(config.strategy.micro_batches, 2)
+        # One field: a copy with another setting keeps the strategy and its options.
+        self.assertEqual(dataclasses.replace(config, epochs=3).strategy, config.strategy)
         self.assertEqual(config.for_devices(2), (64, 0.05))
         with mock.patch.object(registry, "entry", side_effect=AssertionError("looked up")):
             result = training.train_each(config, [2])

@@ -15,6 +15,7 @@ import os
 from absl import flags
 
 from tfpar import atomic_io
+from tfpar import config_fields
 from tfpar import models
 from tfpar.allreduce.options import StepOptions
 from tfpar.cli import common
@@ -32,8 +33,14 @@ FLAGS = flags.FLAGS
 
 # Every field of the training configuration and of the strategies' option groups is a flag
 # (types, defaults, help and choices from the classes); the program's own flags follow.
-_NOT_FLAGS = ("strategy_options", "chief_only_progress")  # From the registry, the launcher.
+# The strategy is a value made of --strategy and the option flags its entry takes; progress
+# output comes from the launcher.
+_NOT_FLAGS = ("strategy", "strategy_options", "chief_only_progress")
 config_flags.define(config_lib.TrainConfig, exclude=_NOT_FLAGS)
+flags.DEFINE_string(
+    "strategy", config_fields.default_of(config_lib.TrainConfig, "strategy").name,
+    "Registry strategy; --list_strategies prints them all. Its options are the flags of the "
+    "groups below that it takes.")
 OPTION_GROUPS = (ReductionOptions, StepOptions, MultiWorkerOptions)
 for _group in OPTION_GROUPS:
     config_flags.define(_group)
@@ -147,7 +154,7 @@ def _train_and_report(config: config_lib.TrainConfig, device_sets: list) -> None
 
 def _write_results(config: config_lib.TrainConfig, results: list, what: str) -> None:
     if FLAGS.output and results and results[0].is_chief:
-        payload = {"config": dataclasses.asdict(config),
+        payload = {"config": config.to_dict(),
                    "results": [r.to_dict() for r in results]}
         try:
             atomic_io.write_json(FLAGS.output, payload)

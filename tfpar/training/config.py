@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 from tfpar import config_fields
@@ -37,10 +38,12 @@ class TrainConfig:
     its help.
 
     Attributes:
-        strategy: Registry strategy; --list_strategies prints them all. In Python, a name or
-            a :class:`tfpar.strategies.StrategyChoice` (whose options then replace
-            ``strategy_options``); the config keeps the name, and :attr:`choice` the value.
-        strategy_options: Options of that registry entry.
+        strategy: Registry strategy; --list_strategies prints them all. In Python, a
+            :class:`tfpar.strategies.StrategyChoice` (``tfpar.strategies.choose(name,
+            **options)``); a name is taken as the entry with its default options.
+        strategy_options: Deprecated since 0.3.0, removed in 0.4.0: pass
+            ``strategy=tfpar.strategies.choose(name, **options)``. Options applied to
+            ``strategy``; the config keeps them there and this field empty.
         model: Model to train.
         dataset: Dataset; 'digits' and 'synthetic' need no download.
         data_dir: TFDS data directory (TFDS's default if unset).
@@ -91,7 +94,7 @@ class TrainConfig:
             `tensorboard --logdir=DIR`.
     """
 
-    strategy: str | StrategyChoice = "mirrored"
+    strategy: StrategyChoice = field(default_factory=lambda: registry.choose("mirrored"))
     strategy_options: dict[str, Any] = field(default_factory=dict)
     model: str = field("lenet", choices=models.available)
     dataset: str = field("fashion_mnist", choices=catalog.available)
@@ -148,22 +151,37 @@ class TrainConfig:
                f"{received}{self.profile_steps!r}.")
 
     def _resolve_strategy(self) -> None:
-        """Resolves ``strategy`` and ``strategy_options`` once into :attr:`choice`; the fields
-        keep the name and the options that differ from the entry's defaults."""
-        if isinstance(self.strategy, StrategyChoice):
-            choice = self.strategy  # Its options replace strategy_options.
-        else:
-            choice = registry.choose(self.strategy, **self.strategy_options)
-        defaults = choice.entry.options()
-        object.__setattr__(self, "strategy", choice.name)
-        object.__setattr__(self, "strategy_options", {
-            name: value for name, value in choice.options.items() if defaults[name] != value})
-        object.__setattr__(self, "_choice", choice)
+        """Makes ``strategy`` a :class:`StrategyChoice` (a name: its entry's defaults) and
+        moves the deprecated ``strategy_options`` into it."""
+        choice = self.strategy
+        if isinstance(choice, str):
+            choice = registry.choose(choice)
+        elif not isinstance(choice, StrategyChoice):
+            raise ConfigError("{argument} must be a registry name or a "
+                              "tfpar.strategies.StrategyChoice (tfpar.strategies.choose). "
+                              f"Received: {{argument}}={choice!r}.", argument="strategy")
+        if self.strategy_options:
+            warnings.warn("TrainConfig's strategy_options is deprecated and will be removed in "
+                          "tfpar 0.4.0: pass strategy=tfpar.strategies.choose(name, "
+                          "**options).", DeprecationWarning, stacklevel=4)
+            choice = choice.with_options(**self.strategy_options)
+        object.__setattr__(self, "strategy", choice)
+        object.__setattr__(self, "strategy_options", {})
 
     @property
     def choice(self) -> StrategyChoice:
-        """The strategy entry and its options, resolved once when the config was made."""
-        return self._choice  # type: ignore[attr-defined]
+        """Deprecated since 0.3.0, removed in 0.4.0: the same as :attr:`strategy`."""
+        warnings.warn("TrainConfig.choice is deprecated and will be removed in tfpar 0.4.0: "
+                      "use TrainConfig.strategy.", DeprecationWarning, stacklevel=2)
+        return self.strategy
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready values: every field, the strategy as its registry name and
+        its options under ``strategy_options``."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["strategy"] = self.strategy.name
+        values["strategy_options"] = dict(self.strategy.options)
+        return values
 
     def for_devices(self, num_devices: int) -> tuple[int, float]:
         """Returns ``(global batch size of a step, learning rate)`` for ``num_devices``.
@@ -171,7 +189,7 @@ class TrainConfig:
         A step's batch is ``batch_size`` (times the devices with ``scale_with_devices``)
         times the strategy's ``accumulation_steps``: that many micro-batches of the former.
         """
-        micro_batches = self.choice.micro_batches
+        micro_batches = self.strategy.micro_batches
         if self.scale_with_devices:
             return self.batch_size * num_devices * micro_batches, self.lr * num_devices
         return self.batch_size * micro_batches, self.lr

@@ -107,7 +107,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         TfparError: On bad configuration, devices, strategy or dataset.
     """
     device_set = devices_lib.resolve(devices)
-    strategy = strategy or config.choice.build(device_set)
+    strategy = strategy or config.strategy.build(device_set)
     config = _chosen_for_the_machine(config, device_set, strategy)
     batch_size, lr = config.for_devices(len(device_set))
     if batch_size < strategy.num_replicas_in_sync:
@@ -117,7 +117,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     splits = splits or loading.load(config.dataset, config.data_dir)
     steps_per_epoch = math.ceil(splits.num_train / batch_size)
     logging.info("Training %s on %s with strategy %r (%d replicas), global batch %d, lr %g.",
-                 config.model, device_set, config.choice.name,
+                 config.model, device_set, config.strategy.name,
                  strategy.num_replicas_in_sync, batch_size, lr)
     model = _compiled_model(config, device_set, strategy, splits, steps_per_epoch, lr)
     test = pipelines.pipeline(splits.test, batch_size)
@@ -132,7 +132,7 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     timer = run.timer
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
     result = RunResult(
-        strategy=config.choice.name,
+        strategy=config.strategy.name,
         devices=replica_devices(strategy, device_set), model=config.model,
         dataset=splits.name, global_batch_size=batch_size, lr=lr, epochs=config.epochs,
         test_accuracy=(history["test_accuracy"][-1] if timed
@@ -247,7 +247,7 @@ def _chief_logs(config: TrainConfig, strategy: tf.distribute.Strategy,
     callbacks: list[keras.callbacks.Callback] = []
     profile_dir = config.profile_dir
     if config.logdir:
-        run_dir = run_folder(config.logdir, config.choice.name, len(device_set))
+        run_dir = run_folder(config.logdir, config.strategy.name, len(device_set))
         callbacks.append(keras.callbacks.TensorBoard(run_dir, write_graph=False))
         with tf.summary.create_file_writer(os.path.join(run_dir, "tfpar")).as_default():
             tf.summary.text("device_set", ", ".join(replica_devices(strategy, device_set)),
@@ -333,7 +333,7 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
                        "benchmarks page"))
     if cluster_spec.is_chief(strategy):
         print(f"Chosen for this machine: {said}.", flush=True)
-    return dataclasses.replace(config, strategy=config.choice, **changes)
+    return dataclasses.replace(config, **changes)
 
 
 def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
@@ -343,7 +343,7 @@ def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
 
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
                       device_set: devices_lib.DeviceSet) -> EpochCheckpoint:
-    directory = run_folder(config.model_dir or "", config.choice.name, len(device_set))
+    directory = run_folder(config.model_dir or "", config.strategy.name, len(device_set))
     made_with = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                  "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm,
                  # A step inside an epoch means the same examples at the same global batch.
@@ -391,14 +391,14 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
         for device_set in resolved if root else ():
             # The folder of each device set's run, which fit would fail to write into later.
             atomic_io.check_writable_dir(
-                run_folder(root or "", config.choice.name, len(device_set)), what)
+                run_folder(root or "", config.strategy.name, len(device_set)), what)
     multi_worker_strategy = None
-    if config.choice.multi_process:
+    if config.strategy.multi_process:
         # Collective ops across processes must be set up before TensorFlow runs any op.
         if len(resolved) != 1:
-            raise ConfigError(f"Strategy {config.strategy!r} trains one device set per run "
+            raise ConfigError(f"Strategy {config.strategy.name!r} trains one device set per run "
                               f"(its workers' local devices). Received: {len(resolved)} sets.")
-        multi_worker_strategy = config.choice.build(resolved[0])
+        multi_worker_strategy = config.strategy.build(resolved[0])
     splits = loading.load(config.dataset, config.data_dir)
     results = []
     for device_set in resolved:
