@@ -126,5 +126,37 @@ class ThreadLayoutsTest(tf.test.TestCase):
         self.assertEqual(result.stdout.split(), ["3", "5", "0", "2"])
 
 
+class ThreadsHomeTest(tf.test.TestCase):
+
+    def test_pools_per_device_unless_the_layout_shares_one_or_the_user_chose(self):
+        env = thread_layouts.PER_DEVICE_THREAD_POOLS_ENV
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop(env, None)
+            thread_layouts.use_pools(None)
+            self.assertEqual(os.environ[env], "1")
+            thread_layouts.use_pools(ThreadLayout(1, per_device_pools=False))
+            self.assertEqual(os.environ[env], "1")  # The value set first is kept...
+            thread_layouts.use_pools(ThreadLayout(1, per_device_pools=False), replace=True)
+            self.assertEqual(os.environ[env], "0")  # ...unless replaced (a timed candidate).
+
+    def test_a_split_gets_the_tuned_layout_and_tensorflow_its_threads(self):
+        # A fresh process: threads are set before TensorFlow initialises.
+        code = ("import os\n"
+                "from tfpar import devices\n"
+                "devices.ensure_logical_cpus(2)\n"
+                "import tensorflow as tf\n"
+                "print(os.environ['TF_OVERRIDE_GLOBAL_THREADPOOL'],\n"
+                "      tf.config.threading.get_intra_op_parallelism_threads(),\n"
+                "      tf.config.threading.get_inter_op_parallelism_threads())\n")
+        store = os.path.join(self.get_temp_dir(), "layouts.json")
+        environ = {**os.environ, "TFPAR_TUNING_FILE": store, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        environ.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env=environ)
+        expected = thread_layouts.default(2)
+        self.assertEqual(result.stdout.split(), ["1", str(expected.threads_per_device), "2"],
+                         result.stderr[-2000:])
+
+
 if __name__ == "__main__":
     tf.test.main()

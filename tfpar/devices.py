@@ -10,14 +10,12 @@ that will need several device sets in one process call :func:`resolve` for the l
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Union
 
 import tensorflow as tf
-from absl import logging
 
 from tfpar.errors import DeviceError
 from tfpar.host import thread_layouts
@@ -109,22 +107,6 @@ def _check_split(count: int, threads_per_device: int | None) -> None:
                           f"threads_per_device={threads_per_device!r}.")
 
 
-def _layout_unless_user_set(count: int) -> thread_layouts.ThreadLayout | None:
-    """The tuned (or default) layout for ``count`` devices, or ``None`` where the user set
-    threads with ``tf.config.threading`` (kept; too few inter-op threads are warned about)."""
-    user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
-    if tf.config.threading.get_intra_op_parallelism_threads() == 0 and user_inter_op == 0:
-        return thread_layouts.chosen(count)[0]
-    if 0 < user_inter_op < count:
-        # Fewer inter-op threads than devices: the replicas' steps no longer overlap.
-        logging.warning(
-            "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
-            "the replicas take turns, so training runs at about one device's speed. Set at "
-            "least %d, or leave the threads unset for tfpar to choose.",
-            user_inter_op, count, count)
-    return None
-
-
 def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
                         layout: thread_layouts.ThreadLayout | None = None) -> None:
     """Splits the CPU into at least ``count`` logical devices, each with its own threads.
@@ -170,21 +152,18 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
                 f"before any TensorFlow op runs, or in pytest pass --tfpar-devices={count}."
             ) from e
         if layout is None and threads_per_device is None:
-            layout = _layout_unless_user_set(count)
+            layout = thread_layouts.for_split(count)
         if count > 1:
-            os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, "1" if (
-                layout is None or layout.per_device_pools) else "0")
-    if layout is not None:
-        threads_per_device = layout.threads_per_device
-    if threads_per_device is None:
+            thread_layouts.use_pools(layout)
+    if layout is None and threads_per_device is not None:
+        layout = thread_layouts.ThreadLayout(threads_per_device)
+    if layout is None:
         return
-    inter_op = max(count, have) if layout is None else max(layout.inter_op(count), have)
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads_per_device)
-        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+        thread_layouts.apply(layout, count, least_inter_op=have)
     except RuntimeError as e:
-        raise DeviceError(f"Cannot give each CPU device {threads_per_device} thread(s): "
-                          "TensorFlow has already initialised. Call "
+        raise DeviceError(f"Cannot give each CPU device {layout.threads_per_device} "
+                          "thread(s): TensorFlow has already initialised. Call "
                           "tfpar.devices.ensure_logical_cpus first.") from e
 
 

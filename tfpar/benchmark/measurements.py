@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -233,7 +232,7 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         The configurations, in the order they are started and measured.
     """
     if threads_per_device is None:
-        threads_per_device = max(1, (os.cpu_count() or 1) // max(device_counts))
+        threads_per_device = thread_layouts.default(max(device_counts)).threads_per_device
     sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
              for m in model_names] if baseline else []
     pairs = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]

@@ -23,7 +23,6 @@ every measurement).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -76,8 +75,7 @@ class _Trainer:
         else:
             local_devices = config.num_devices // config.num_processes
             if local_devices > 1:  # Read by TensorFlow when it starts: set before it does.
-                os.environ[thread_layouts.PER_DEVICE_THREAD_POOLS_ENV] = (
-                    "1" if config.per_device_pools else "0")
+                thread_layouts.use_pools(config.thread_layout, replace=True)
             devices_lib.ensure_logical_cpus(local_devices, layout=config.thread_layout)
             device_set = devices_lib.resolve(local_devices)
             self.strategy = strategies.get(config.strategy, device_set, **dict(config.options))

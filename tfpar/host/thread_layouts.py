@@ -1,5 +1,6 @@
 """How a process's CPU threads are laid out over its logical CPU devices, and the layout this
-machine was tuned to (no TensorFlow).
+machine was tuned to: the one home of tfpar's thread choices (TensorFlow is imported only by
+the functions that hand a layout to it).
 
 A :class:`ThreadLayout` is the intra-op threads of each logical device, whether each device
 has a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL``) and the inter-op threads that drive
@@ -7,9 +8,10 @@ the replicas. The best layout differs by CPU kind and model (a default that wins
 can lose on another), so tfpar does not hard-code one:
 ``scripts/benchmark.py --tune`` times :func:`candidates` for the user's model in paired
 rounds on the user's machine and stores the winner under :func:`machine_key` (CPU model, core
-count, TensorFlow version, oneDNN's ISA cap); :func:`tfpar.devices.ensure_logical_cpus` uses
-the stored layout for that many devices, and :func:`default` where none is stored;
-``tfpar-env`` shows which.
+count, TensorFlow version, oneDNN's ISA cap). When :func:`tfpar.devices.ensure_logical_cpus`
+splits the CPU, :func:`for_split` picks the stored layout for that many devices (:func:`default`
+where none is stored) and :func:`use_pools` and :func:`apply` give it to TensorFlow; the
+benchmark's default threads are :func:`default`'s too. ``tfpar-env`` shows which.
 
 Worker processes of a multi-worker job that share a host are laid out the same way, one device
 each: :func:`worker_candidates` (TensorFlow's own threads first, the default), stored under
@@ -69,6 +71,51 @@ def default(num_devices: int, cores: int | None = None) -> ThreadLayout:
     inter-op thread per device (a logical device is then like one GPU)."""
     cores = cores or os.cpu_count() or 1
     return ThreadLayout(max(1, cores // num_devices))
+
+
+def for_split(num_devices: int) -> ThreadLayout | None:
+    """The layout a CPU split now into ``num_devices`` devices gets: the one tuned on this
+    machine kind, else :func:`default`; ``None`` where the user set threads with
+    ``tf.config.threading`` (kept; fewer inter-op threads than devices are warned about)."""
+    import tensorflow as tf
+    from absl import logging
+
+    user_inter_op = tf.config.threading.get_inter_op_parallelism_threads()
+    if tf.config.threading.get_intra_op_parallelism_threads() == 0 and user_inter_op == 0:
+        return chosen(num_devices)[0]
+    if 0 < user_inter_op < num_devices:
+        # Fewer inter-op threads than devices: the replicas' steps no longer overlap.
+        logging.warning(
+            "%d inter-op thread(s) set with tf.config.threading for %d logical CPU devices: "
+            "the replicas take turns, so training runs at about one device's speed. Set at "
+            "least %d, or leave the threads unset for tfpar to choose.",
+            user_inter_op, num_devices, num_devices)
+    return None
+
+
+def use_pools(layout: ThreadLayout | None, *, replace: bool = False) -> None:
+    """Sets :data:`PER_DEVICE_THREAD_POOLS_ENV` for a CPU split into several devices (before
+    TensorFlow initialises): a pool per device unless ``layout`` shares one; a value the user
+    set is kept unless ``replace``."""
+    value = "1" if layout is None or layout.per_device_pools else "0"
+    if replace:
+        os.environ[PER_DEVICE_THREAD_POOLS_ENV] = value
+    else:
+        os.environ.setdefault(PER_DEVICE_THREAD_POOLS_ENV, value)
+
+
+def apply(layout: ThreadLayout, num_devices: int, *, least_inter_op: int = 0) -> None:
+    """Gives TensorFlow ``layout``'s intra-op and inter-op threads for ``num_devices`` devices
+    (at least ``least_inter_op`` inter-op threads).
+
+    Raises:
+        RuntimeError: If TensorFlow has initialised with other threads.
+    """
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(layout.threads_per_device)
+    tf.config.threading.set_inter_op_parallelism_threads(
+        max(layout.inter_op(num_devices), least_inter_op))
 
 
 def candidates(num_devices: int, cores: int | None = None) -> list[ThreadLayout]:
