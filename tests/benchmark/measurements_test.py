@@ -6,10 +6,12 @@ from unittest import mock
 import tensorflow as tf
 
 from tfpar import benchmark
+from tfpar import strategies
 from tfpar.benchmark import Configuration
 from tfpar.benchmark import measurements
 from tfpar.host import machine
 from tfpar.host import thread_layouts
+from tfpar.strategies import registry
 
 
 class ConfigurationsTest(tf.test.TestCase):
@@ -61,7 +63,7 @@ class ChosenForTheMachineTest(tf.test.TestCase):
                                          baseline=True, ceiling=True)
         chosen, said = measurements.chosen_for_the_machine(sweep, dtype=True,
                                                            steps_per_execution=True)
-        got = {(c.strategy, c.num_devices): (c.dtype, c.steps_per_execution) for c in chosen}
+        got = {(c.strategy.name, c.num_devices): (c.dtype, c.steps_per_execution) for c in chosen}
         self.assertEqual(got, {
             ("keras", 1): ("mixed_bfloat16", 1),  # As the 1-device strategies: not tuned.
             ("mirrored", 1): ("mixed_bfloat16", 1),
@@ -91,6 +93,37 @@ class ChosenForTheMachineTest(tf.test.TestCase):
                          ("mixed_bfloat16", 3))
         self.assertEqual(said, ["Chosen for 2 device(s): precision mixed_bfloat16 (this CPU "
                                 "runs bfloat16 natively (AMX-BF16))."])
+
+
+class ResolvedOnceTest(tf.test.TestCase):
+
+    def test_nothing_looks_a_strategy_up_once_the_sweep_is_made(self):
+        # The sweep resolves the names; what follows asks the values, as a run's config does.
+        sweep = benchmark.configurations(
+            ["mirrored", "allreduce", "multi_worker_allreduce"], [1, 2], ["lenet"], 32,
+            baseline=True, ceiling=True, communication_share=True,
+            strategy_options={"accumulation_steps": [1, 2]})
+        with mock.patch.object(registry, "entry", side_effect=AssertionError("looked up")):
+            chosen, _ = measurements.chosen_for_the_machine(sweep, True, True)
+            runs = [(c.label, c.num_processes, c.step_batch_size, c.description)
+                    for c in chosen]
+            sent = [c.to_json() for c in sweep]
+        # A worker resolves the name anew, in its own process, to the same value.
+        self.assertEqual([Configuration.from_json(text) for text in sent], sweep)
+        self.assertIn(("keras", 1, 32, "lenet keras on 1 device(s), default threads"), runs)
+        self.assertIn(("independent", 2, 32, mock.ANY), runs)
+        self.assertIn(("allreduce(accumulation_steps=2)", 1, 64, mock.ANY), runs)
+        self.assertIn(("allreduce(accumulation_steps=2,no all-reduce)", 1, 64, mock.ANY), runs)
+        self.assertIn(("multi_worker_allreduce(accumulation_steps=1)", 2, 32, mock.ANY), runs)
+        # Keras's step has no all-reduce of tfpar's to leave out.
+        self.assertNotIn("mirrored(no all-reduce)", [label for label, *_ in runs])
+
+    def test_a_name_is_resolved_on_construction(self):
+        self.assertEqual(Configuration("allreduce", 2, "lenet", 8, options=(
+            ("accumulation_steps", 4),)).strategy,
+            strategies.choose("allreduce", accumulation_steps=4))
+        self.assertIs(Configuration("keras", 1, "lenet", 8).strategy, benchmark.BASELINE)
+        self.assertIs(Configuration("independent", 2, "lenet", 8).strategy, benchmark.CEILING)
 
 
 if __name__ == "__main__":

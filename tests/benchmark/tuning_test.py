@@ -49,8 +49,8 @@ class TuneTest(tf.test.TestCase):
         tuned = self.tune("allreduce", [100.0] * len(layouts) + [110.0, 120.0])
         self.assertEqual([c.thread_layout for c in self.swept[:len(layouts)]], layouts)
         per_call, processes = self.swept[len(layouts):]
-        self.assertEqual((per_call.steps_per_execution, per_call.strategy), (8, "allreduce"))
-        self.assertEqual((processes.strategy, processes.steps_per_execution),
+        self.assertEqual((per_call.steps_per_execution, per_call.strategy.name), (8, "allreduce"))
+        self.assertEqual((processes.strategy.name, processes.steps_per_execution),
                          ("multi_worker_allreduce", 1))
         self.assertEqual(tuned.chosen, 0)  # No layout beat the default.
         text = "\n".join(tuned.lines())
@@ -70,7 +70,7 @@ class TuneTest(tf.test.TestCase):
         layouts = thread_layouts.candidates(2)
         tuned = self.tune("mirrored", [100.0] * len(layouts) + [101.0, 90.0], steps=4)
         self.assertEqual(self.swept[len(layouts)].steps_per_execution, 2)  # Half the steps.
-        self.assertEqual(self.swept[-1].strategy, "multi_worker")  # Keras's own step.
+        self.assertEqual(self.swept[-1].strategy.name, "multi_worker")  # Keras's own step.
         text = "\n".join(tuned.lines())
         self.assertIn("2 steps per compiled call gain nothing measurable here", text)
         self.assertNotIn("pays here", text)
@@ -80,7 +80,7 @@ class TuneTest(tf.test.TestCase):
         layouts = thread_layouts.candidates(2)
         tuned = self.tune("mirrored", [100.0] * len(layouts) + [101.0, 150.0, 90.0])
         precision = self.swept[len(layouts) + 1]
-        self.assertEqual((precision.dtype, precision.steps_per_execution, precision.strategy),
+        self.assertEqual((precision.dtype, precision.steps_per_execution, precision.strategy.name),
                          ("mixed_bfloat16", 1, "mirrored"))
         self.assertIn("mixed_bfloat16 pays here: --dtype=auto chooses it",
                       "\n".join(tuned.lines()))
@@ -103,7 +103,7 @@ class TuneTest(tf.test.TestCase):
         tuned = self.tune("multi_worker_allreduce", rates)
         self.assertEqual([c.thread_layout for c in self.swept[:len(layouts)]], layouts)
         per_call = self.swept[len(layouts)]  # No one-process-per-device probe: they are.
-        self.assertEqual((per_call.strategy, per_call.steps_per_execution, len(self.swept)),
+        self.assertEqual((per_call.strategy.name, per_call.steps_per_execution, len(self.swept)),
                          ("multi_worker_allreduce", 8, len(layouts) + 1))
         self.assertEqual(self.stored()["2 workers"]["steps_per_execution"], {"8": 1.1})
         self.assertEqual(tuned.chosen, 1)

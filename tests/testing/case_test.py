@@ -1,6 +1,7 @@
 """Tests of tfpar.testing: the assertions must fail on wrong distributed training."""
 
 import functools
+from unittest import mock
 
 import keras
 import numpy as np
@@ -8,8 +9,10 @@ import tensorflow as tf
 
 from tfpar import data as data_lib
 from tfpar import devices
+from tfpar import strategies
 from tfpar import testing
 from tfpar.errors import DeviceError
+from tfpar.strategies import registry
 from tfpar.testing import case
 
 model_fn = functools.partial(testing.tiny_model, lr=0.5)
@@ -110,6 +113,15 @@ class AssertReplicasInSyncTest(testing.StrategyTestCase):
             self.assertReplicasInSync(model)
 
 
+class ResolvedOnceTest(testing.StrategyTestCase):
+
+    def test_a_strategy_by_name_is_looked_up_once(self):
+        with mock.patch.object(registry, "entry", wraps=registry.entry) as entry:
+            strategy = self.strategy("allreduce", 2, accumulation_steps=2)
+        self.assertEqual(entry.call_count, 1)
+        self.assertEqual(strategies.selection(strategy).options["accumulation_steps"], 2)
+
+
 class DevicesTest(testing.StrategyTestCase):
 
     def test_too_late_says_how_to_fix(self):
@@ -118,10 +130,11 @@ class DevicesTest(testing.StrategyTestCase):
             testing.ensure_devices(9)
 
     def test_skip_reasons(self):
-        self.assertEqual(case._skip_reason("default", 2),
+        default, mirrored = strategies.choose("default"), strategies.choose("mirrored")
+        self.assertEqual(case._skip_reason(default, 2),
                          "strategy 'default' runs on at most 1 device(s)")
-        self.assertIn("--tfpar-devices=8", case._skip_reason("mirrored", 8))
-        self.assertIsNone(case._skip_reason("mirrored", devices.logical_cpu_count()))
+        self.assertIn("--tfpar-devices=8", case._skip_reason(mirrored, 8))
+        self.assertIsNone(case._skip_reason(mirrored, devices.logical_cpu_count()))
 
     @testing.for_each_strategy(num_devices=(2,), names=["default", "mirrored"])
     def test_parameterised_names(self, strategy_name, num_devices):

@@ -13,6 +13,7 @@ from tfpar import lazy_exports
 
 lazy_exports.install(__name__, {
     "BASELINE": "measurements", "CEILING": "measurements", "Configuration": "measurements",
+    "PlainKeras": "measurements", "Ceiling": "measurements", "Runs": "measurements",
     "Measurement": "measurements", "configurations": "measurements",
     "paired_ratio": "measurements",
     "run": "runner",

@@ -16,19 +16,64 @@ import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import ClassVar
 
 from tfpar import strategies
 from tfpar.host import thread_layouts
+from tfpar.strategies.registry import StrategyChoice
 
-BASELINE = "keras"
-"""The name of the plain single-device Keras configuration (no strategy, TensorFlow's default
-threads).
-"""
-CEILING = "independent"
-"""N processes each training plain Keras alone on one device of ``threads_per_device`` threads and
-1/N of the global batch (a replica's share), side by side: data parallelism with no
-communication at all, the most N devices can give.
-"""
+
+@dataclasses.dataclass(frozen=True)
+class PlainKeras:
+    """What a configuration runs: plain Keras with no strategy on one device and TensorFlow's
+    default threads (every core)."""
+
+    name: ClassVar[str] = "keras"
+
+    def processes(self, num_devices: int) -> int:
+        """Processes it runs as: one."""
+        return 1
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceiling:
+    """What a configuration runs: N processes each training plain Keras alone on one device of
+    ``threads_per_device`` threads and 1/N of the global batch (a replica's share), side by
+    side: data parallelism with no communication at all, the most N devices can give."""
+
+    name: ClassVar[str] = "independent"
+
+    def processes(self, num_devices: int) -> int:
+        """Processes it runs as: one per device."""
+        return num_devices
+
+    def __str__(self) -> str:
+        return self.name
+
+
+BASELINE = PlainKeras()
+"""The plain single-device Keras configuration's run (its name: ``"keras"``)."""
+CEILING = Ceiling()
+"""The independent processes' run, the ceiling (its name: ``"independent"``)."""
+
+Runs = StrategyChoice | PlainKeras | Ceiling
+"""What a configuration runs: a registry strategy with its options, plain Keras, or the
+ceiling."""
+
+
+def _runs(value: Runs | str, options: tuple[tuple[str, Any], ...]) -> Runs:
+    """``value`` as what a configuration runs: a name is resolved (``"keras"``,
+    ``"independent"`` or a registry entry with ``options``)."""
+    if not isinstance(value, str):
+        return value
+    if value == PlainKeras.name:
+        return BASELINE
+    if value == Ceiling.name:
+        return CEILING
+    return strategies.choose(value, **dict(options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +81,13 @@ class Configuration:
     """What one measured configuration trains, and on what.
 
     Attributes:
-        strategy: Registry name, ``"keras"`` for plain Keras with no strategy, or
-            ``"independent"`` for ``num_devices`` plain Keras processes side by side.
-        options: Options of the registry entry, as ``(name, value)`` pairs.
+        strategy: What it runs (:data:`Runs`): a :class:`tfpar.strategies.StrategyChoice`,
+            :data:`BASELINE` (plain Keras with no strategy) or :data:`CEILING`
+            (``num_devices`` plain Keras processes side by side). A name is resolved on
+            construction (``"keras"``, ``"independent"``, or a registry entry with
+            ``options``).
+        options: The options the sweep set, as ``(name, value)`` pairs (shown in
+            :attr:`label`; a registry entry's are in ``strategy`` too).
         num_devices: Replicas: logical devices in one process, or worker processes of one
             device each for multi-process strategies (``multi_worker``).
         model: Model name.
@@ -60,7 +109,7 @@ class Configuration:
         inter_op_threads: Inter-op threads (``None``: one per device).
     """
 
-    strategy: str
+    strategy: Runs
     num_devices: int
     model: str
     batch_size: int
@@ -75,6 +124,10 @@ class Configuration:
     per_device_pools: bool = True
     inter_op_threads: int | None = None
 
+    def __post_init__(self):
+        runs = _runs(self.strategy, self.options)
+        object.__setattr__(self, "strategy", runs)
+
     @property
     def thread_layout(self) -> thread_layouts.ThreadLayout:
         """The thread layout of each of its processes."""
@@ -83,46 +136,60 @@ class Configuration:
 
     @property
     def num_processes(self) -> int:
-        """Processes this configuration runs as: one per device for ``"independent"`` and for
+        """Processes this configuration runs as: one per device for the ceiling and for
         multi-process strategies (one worker per device), else one."""
-        if self.strategy == CEILING:
-            return self.num_devices
-        if self.strategy == BASELINE:
-            return 1
-        return self.num_devices if strategies.entry(self.strategy).multi_process else 1
+        if isinstance(self.strategy, StrategyChoice):
+            return self.num_devices if self.strategy.multi_process else 1
+        return self.strategy.processes(self.num_devices)
 
     @property
     def step_batch_size(self) -> int:
-        """Images of one step (one update): ``batch_size`` times the accumulation steps."""
-        return self.batch_size * dict(self.options).get("accumulation_steps", 1)
+        """Images of one step (one update): ``batch_size`` times the micro-batches."""
+        micro_batches = (self.strategy.micro_batches if isinstance(self.strategy, StrategyChoice)
+                         else 1)
+        return self.batch_size * micro_batches
 
     @property
     def label(self) -> str:
         """The strategy with its options, e.g. ``allreduce(algorithm=ring)``."""
         parts = [f"{k}={v}" for k, v in self.options] + (
             [] if self.communication else ["no all-reduce"])
-        return f"{self.strategy}({','.join(parts)})" if parts else self.strategy
+        name = self.strategy.name
+        return f"{name}({','.join(parts)})" if parts else name
 
     @property
     def description(self) -> str:
         """For progress lines, e.g. ``lenet mirrored on 2 device(s), 1 thread(s) each``."""
-        threads = ("default threads" if self.strategy == BASELINE
+        threads = ("default threads" if isinstance(self.strategy, PlainKeras)
                    else f"{self.threads_per_device} thread(s) each" if (
                        self.per_device_pools and self.inter_op_threads is None)
                    else self.thread_layout.describe(self.num_devices))
-        return f"{self.model} {self.strategy} on {self.num_devices} device(s), {threads}"
+        return f"{self.model} {self.strategy.name} on {self.num_devices} device(s), {threads}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as JSON-ready values: what it runs as its name, with every option
+        of a registry entry under ``entry_options``."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["strategy"] = self.strategy.name
+        fields["entry_options"] = (dict(self.strategy.options)
+                                   if isinstance(self.strategy, StrategyChoice) else {})
+        return fields
 
     def to_json(self) -> str:
-        """The configuration as JSON (the worker's command-line argument)."""
-        return json.dumps(dataclasses.asdict(self))
+        """The configuration as JSON (the worker's command-line argument; see
+        :meth:`to_dict`)."""
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> Configuration:
-        """Inverse of :meth:`to_json`."""
+        """Inverse of :meth:`to_json` (a worker process resolves the name anew)."""
         fields = json.loads(text)
+        entry_options = fields.pop("entry_options")
         fields["image_shape"] = tuple(fields["image_shape"])
         fields["options"] = tuple((k, tuple(v) if isinstance(v, list) else v)
                                   for k, v in fields["options"])
+        fields["strategy"] = _runs(fields["strategy"], tuple(
+            (k, tuple(v) if isinstance(v, list) else v) for k, v in entry_options.items()))
         return cls(**fields)
 
 
@@ -151,13 +218,18 @@ class Measurement:
 
     @property
     def strategy(self) -> str:
-        """The strategy's registry name with its options (see ``Configuration.label``)."""
+        """What was run, by name with its options (see ``Configuration.label``)."""
         return self.configuration.label
 
     @property
     def model(self) -> str:
         """The model's name."""
         return self.configuration.model
+
+    @property
+    def is_baseline(self) -> bool:
+        """Whether it measured plain Keras (:data:`BASELINE`)."""
+        return isinstance(self.configuration.strategy, PlainKeras)
 
     @property
     def best(self) -> float:
@@ -235,9 +307,11 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         threads_per_device = thread_layouts.default(max(device_counts)).threads_per_device
     sweep = [Configuration(BASELINE, 1, m, batch_size, **options)
              for m in model_names] if baseline else []
-    pairs = [(s, o) for s in strategy_names for o in _option_sets(s, strategy_options or {})]
-    variants: list[tuple[str, tuple, bool]] = [(s, o, True) for s, o in pairs] + (
-        [(s, o, False) for s, o in pairs if _runs_the_allreduce_step(s)]
+    pairs = [(choice.with_options(**dict(o)), o)
+             for choice in map(strategies.choose, strategy_names)
+             for o in _option_sets(choice, strategy_options or {})]
+    variants: list[tuple[Runs, tuple, bool]] = [(s, o, True) for s, o in pairs] + (
+        [(s, o, False) for s, o in pairs if s.runs_allreduce_step]
         if communication_share else [])
     variants += [(CEILING, (), True)] if ceiling else []
     return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o,
@@ -245,14 +319,10 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
                     for m in model_names for s, o, c in variants for n in device_counts]
 
 
-def _runs_the_allreduce_step(strategy: str) -> bool:
-    return "accumulation_steps" in strategies.entry(strategy).options()
-
-
-def _option_sets(strategy: str, values: Mapping[str, Sequence[Any]]
+def _option_sets(choice: StrategyChoice, values: Mapping[str, Sequence[Any]]
                  ) -> list[tuple[tuple[str, Any], ...]]:
-    """Every combination of the swept values of the options ``strategy``'s entry takes."""
-    taken = [name for name in strategies.entry(strategy).options() if name in values]
+    """Every combination of the swept values of the options ``choice``'s entry takes."""
+    taken = [name for name in choice.options if name in values]
     return [tuple(zip(taken, combination))
             for combination in itertools.product(*(values[name] for name in taken))]
 
@@ -289,13 +359,13 @@ def chosen_for_the_machine(sweep: Sequence[Configuration], dtype: bool,
 
     for_strategies: dict[int, dict[str, Any]] = {}
     for c in sweep:
-        if c.strategy not in (BASELINE, CEILING):
+        if isinstance(c.strategy, StrategyChoice):
             workers = c.num_processes
             for_strategies.setdefault(c.num_devices, choice(
                 c.num_devices if workers == 1 else 1, workers)[0])
     resolved = []
     for c in sweep:
-        if c.strategy in (BASELINE, CEILING):
+        if not isinstance(c.strategy, StrategyChoice):
             changes = for_strategies.get(c.num_devices) or choice(1, 1)[0]
         else:
             workers = c.num_processes

@@ -7,7 +7,6 @@ import statistics
 from collections.abc import Sequence
 
 from tfpar import atomic_io
-from tfpar.benchmark.measurements import BASELINE
 from tfpar.benchmark.measurements import Measurement
 from tfpar.benchmark.measurements import paired_ratio
 
@@ -23,11 +22,11 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
     for m in measurements:
         base = _smallest(m, measurements)
         speedup = paired_ratio(m, base)  # Over the smallest device count (itself: 1.00x).
-        first = next(o for o in measurements if o.strategy != BASELINE
+        first = next(o for o in measurements if not o.is_baseline
                      and (len(o.devices), o.model) == (len(m.devices), m.model)) \
-            if m.strategy != BASELINE else m
+            if not m.is_baseline else m
         keras_run = next((o for o in measurements
-                          if o.strategy == BASELINE and o.model == m.model), None)
+                          if o.is_baseline and o.model == m.model), None)
         c = m.configuration
         # The same configuration without its all-reduce, measured in the same rounds.
         alone = next((o for o in measurements if not o.configuration.communication
@@ -35,7 +34,7 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
                      None) if c.communication else None
         rows.append({"model": m.model, "strategy": m.strategy, "num_devices": len(m.devices),
                      "devices": " ".join(m.devices),
-                     "threads_per_device": 0 if m.strategy == BASELINE else c.threads_per_device,
+                     "threads_per_device": 0 if m.is_baseline else c.threads_per_device,
                      "batch_size": c.step_batch_size, "dtype": c.dtype,
                      "images_per_second": m.median, "worst_images_per_second": m.worst,
                      "best_images_per_second": m.best, "spread": m.spread,
@@ -74,11 +73,12 @@ def plot(path: str, measurements: Sequence[Measurement]) -> None:
 
     rows = _rows(measurements)
     figure, (speed, efficiency) = plt.subplots(1, 2, figsize=(10, 4))
-    for r in rows:
-        if r["strategy"] == BASELINE:  # One configuration: a level to compare against.
+    for m, r in zip(measurements, rows):
+        if m.is_baseline:  # One configuration: a level to compare against.
             speed.axhline(r["images_per_second"], linestyle="--", color="gray",
                           label=f"{r['model']} plain Keras, all cores")
-    for key in sorted({(r["model"], r["strategy"]) for r in rows if r["strategy"] != BASELINE}):
+    for key in sorted({(r["model"], r["strategy"]) for m, r in zip(measurements, rows)
+                       if not m.is_baseline}):
         line = sorted((r for r in rows if (r["model"], r["strategy"]) == key),
                       key=lambda r: r["num_devices"])
         devices = [r["num_devices"] for r in line]
@@ -142,5 +142,7 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
 
 def write_json(path: str, measurements: Sequence[Measurement]) -> None:
     """Writes every measurement (configuration, each round, median, best, spread), atomically."""
-    atomic_io.write_json(path, [dict(dataclasses.asdict(m), median=m.median, worst=m.worst,
-                                     best=m.best, spread=m.spread) for m in measurements])
+    atomic_io.write_json(path, [
+        {**{f.name: getattr(m, f.name) for f in dataclasses.fields(m)},
+         "configuration": m.configuration.to_dict(), "median": m.median, "worst": m.worst,
+         "best": m.best, "spread": m.spread} for m in measurements])

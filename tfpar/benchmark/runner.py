@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from tfpar.benchmark.measurements import CEILING
+from tfpar.benchmark.measurements import Ceiling
 from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
 from tfpar.cluster import launcher
@@ -43,7 +43,7 @@ class _Processes:
         self.configuration = configuration
         count = configuration.num_processes
         namespace = None
-        if count > 1 and configuration.strategy != CEILING:
+        if count > 1 and not isinstance(configuration.strategy, Ceiling):
             try:  # Workers of a job are kept off the network, as the launcher keeps them.
                 namespace = stack.enter_context(private_network.Namespace())
             except ConfigError:
@@ -60,7 +60,7 @@ class _Processes:
             command = [sys.executable, "-m", "tfpar.benchmark.worker", configuration.to_json()]
             if profile_steps:
                 c = configuration
-                name = f"{c.model}_{c.strategy}_{c.num_devices}" + (
+                name = f"{c.model}_{c.strategy.name}_{c.num_devices}" + (
                     f"_process{index}" if count > 1 else "")
                 command += [str(profile_steps), os.path.join(profile_dir, name)]
             process = subprocess.Popen(
@@ -102,13 +102,13 @@ class _Processes:
             process.stdin.flush()
         replies = [self._reply(i, "DONE").split() for i in range(len(self.processes))]
         batch = self.configuration.step_batch_size
-        if self.configuration.strategy == CEILING:
+        if isinstance(self.configuration.strategy, Ceiling):
             batch //= len(self.processes)
         rates = [int(measured_steps) * batch / float(seconds)
                  for seconds, measured_steps, _ in replies]
         # Workers of one job wait on each other: worker 0's rate is the job's. Independent
         # processes each train their share of the batch: their rates add up.
-        rate = sum(rates) if self.configuration.strategy == CEILING else rates[0]
+        rate = sum(rates) if isinstance(self.configuration.strategy, Ceiling) else rates[0]
         after = _cpu_times()
         steal = (after[0] - before[0]) / max(after[1] - before[1], 1)
         return rate, float(replies[0][2]), steal

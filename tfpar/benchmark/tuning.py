@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfpar import strategies
 from tfpar.benchmark import runner
 from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
 from tfpar.benchmark.measurements import paired_ratio
+from tfpar.errors import ConfigError
 from tfpar.host import machine
 from tfpar.host import thread_layouts
+from tfpar.strategies.registry import StrategyChoice
 
 #: How much faster than the default (median of per-round ratios) a layout must be to be stored
 #: as the machine's choice.
@@ -38,9 +39,6 @@ MARGIN = 1.02
 #: The steps per compiled call timed beside the layouts (fewer if the rounds are shorter than
 #: two such calls).
 PROBED_STEPS_PER_EXECUTION = 8
-#: The multi-worker entry timed as one process per device beside a strategy of one process:
-#: the one with the same step (Keras's own, for the entries not named).
-ONE_PROCESS_PER_DEVICE = {"allreduce": "multi_worker_allreduce"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +78,7 @@ class Tuned:
         """The result for people: a line per candidate, the stored one marked."""
         unit = "workers on one host" if self.workers else "devices"
         out = [f"Thread layouts for {self.num_devices} {unit} "
-               f"({self.measurements[0].model}, {self.measurements[0].configuration.strategy}):"]
+               f"({self.measurements[0].model}, {self.measurements[0].strategy}):"]
         devices_per_process = 1 if self.workers else self.num_devices
         for i, (layout, m, ratio) in enumerate(zip(self.layouts, self.measurements,
                                                    self.ratios)):
@@ -126,7 +124,10 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
     Returns:
         What was measured and stored.
     """
-    workers = strategies.entry(base.strategy).multi_process
+    if not isinstance(base.strategy, StrategyChoice):
+        raise ConfigError(f"Tuning times a registry strategy's thread layouts, not "
+                          f"{base.strategy.name!r}. Give a registry strategy, e.g. mirrored.")
+    workers = base.strategy.multi_process
     layouts = (thread_layouts.worker_candidates(base.num_devices) if workers
                else thread_layouts.candidates(base.num_devices))
     sweep = [dataclasses.replace(base, threads_per_device=layout.threads_per_device,
@@ -141,13 +142,13 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
         "yes")
     if low_precision:
         sweep.append(dataclasses.replace(sweep[0], dtype="mixed_bfloat16"))
-    processes = (ONE_PROCESS_PER_DEVICE.get(base.strategy, "multi_worker")
+    processes = (base.strategy.one_process_per_device()
                  if not workers and base.steps_per_execution == 1 else None)
     if processes:
-        sweep.append(dataclasses.replace(sweep[0], strategy=processes))
+        sweep.append(dataclasses.replace(sweep[0], strategy=processes, options=()))
     measurements = runner.run(sweep, steps=steps, rounds=rounds)
     ratios = [paired_ratio(m, measurements[0]) for m in measurements]
-    by_processes = (processes, measurements.pop(), ratios.pop()) if processes else None
+    by_processes = (processes.name, measurements.pop(), ratios.pop()) if processes else None
     precision = (("mixed_bfloat16", measurements.pop(), ratios.pop()) if low_precision
                  else None)
     per_call = (per_call_steps, measurements.pop(), ratios.pop()) if probed else None
@@ -162,7 +163,7 @@ def tune(base: Configuration, steps: int, rounds: int) -> Tuned:
         evidence["dtype"] = {precision[0]: round(precision[2], 3)}
     key = thread_layouts.workers_key(base.num_devices) if workers else base.num_devices
     path = thread_layouts.store(key, layouts[chosen], model=base.model,
-                                strategy=base.strategy, speedup=round(ratios[chosen], 3),
+                                strategy=base.strategy.name, speedup=round(ratios[chosen], 3),
                                 rounds=rounds, **evidence)
     return Tuned(base.num_devices, workers, layouts, measurements, ratios, chosen, path,
                  per_call, by_processes, precision)

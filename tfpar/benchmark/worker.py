@@ -33,12 +33,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar import devices as devices_lib
-from tfpar import strategies
 from tfpar.allreduce import algorithms
 from tfpar.benchmark import flops
-from tfpar.benchmark.measurements import BASELINE
-from tfpar.benchmark.measurements import CEILING
+from tfpar.benchmark.measurements import Ceiling
 from tfpar.benchmark.measurements import Configuration
+from tfpar.benchmark.measurements import PlainKeras
 from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.cluster import spec as cluster_spec
 from tfpar.errors import TfparError
@@ -66,19 +65,20 @@ class _Trainer:
     def __init__(self, config: Configuration):
         """Sets threads and devices (before TensorFlow initialises), then builds everything."""
         self.config = config
-        if config.strategy in (BASELINE, CEILING):
-            if config.strategy == CEILING:  # One of several plain processes, one device each.
-                devices_lib.ensure_logical_cpus(1, config.threads_per_device)
+        if isinstance(config.strategy, Ceiling):  # One of several plain processes.
+            devices_lib.ensure_logical_cpus(1, config.threads_per_device)
             self.strategy = tf.distribute.get_strategy()
-            devices = (["CPU:0"] if config.strategy == BASELINE
-                       else [f"process:{i}/CPU:0" for i in range(config.num_devices)])
+            devices = [f"process:{i}/CPU:0" for i in range(config.num_devices)]
+        elif isinstance(config.strategy, PlainKeras):
+            self.strategy = tf.distribute.get_strategy()
+            devices = ["CPU:0"]
         else:
             local_devices = config.num_devices // config.num_processes
             if local_devices > 1:  # Read by TensorFlow when it starts: set before it does.
                 thread_layouts.use_pools(config.thread_layout, replace=True)
             devices_lib.ensure_logical_cpus(local_devices, layout=config.thread_layout)
             device_set = devices_lib.resolve(local_devices)
-            self.strategy = strategies.get(config.strategy, device_set, **dict(config.options))
+            self.strategy = config.strategy.build(device_set)
             if not config.communication:  # Traced (at the first step) without the all-reduce.
                 self._no_communication = algorithms.without_communication()
                 self._no_communication.__enter__()
@@ -89,8 +89,8 @@ class _Trainer:
             lambda: keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM), dtype=config.dtype,
             jit_compile=config.jit_compile, steps_per_execution=config.steps_per_execution)
         # An independent process trains one replica's share of the global batch.
-        batch = (config.batch_size // config.num_devices if config.strategy == CEILING
-                 else config.step_batch_size)
+        batch = (config.batch_size // config.num_devices
+                 if isinstance(config.strategy, Ceiling) else config.step_batch_size)
         rng = np.random.default_rng(0)
         images = rng.random((batch, *config.image_shape), dtype=np.float32)
         labels = rng.integers(0, 10, batch).astype(np.int32)

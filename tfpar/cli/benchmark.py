@@ -12,6 +12,7 @@ from absl import flags
 
 from tfpar import atomic_io
 from tfpar import env
+from tfpar import strategies
 from tfpar.allreduce.options import StepOptions
 from tfpar.benchmark import measurements as benchmark_measurements
 from tfpar.benchmark import report as benchmark_report
@@ -80,7 +81,7 @@ def _tune(config: BenchmarkConfig) -> None:
     print(f"Machine: {env.describe_cpu()}")
     for count in sorted(n for n in set(config.num_devices) if n > 1):
         base = benchmark_measurements.Configuration(
-            config.strategies[0], count, config.models[0], config.batch_size,
+            strategies.choose(config.strategies[0]), count, config.models[0], config.batch_size,
             dtype=config.dtype, jit_compile=config.jit_compile,
             steps_per_execution=int(config.steps_per_execution),
             warmup_steps=config.warmup_steps)

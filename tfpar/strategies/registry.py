@@ -224,6 +224,23 @@ class StrategyChoice:
         return self.entry.multi_process
 
     @property
+    def runs_allreduce_step(self) -> bool:
+        """Whether the strategy trains with tfpar's hand-written all-reduce step (the entries
+        that take its ``accumulation_steps`` option)."""
+        return "accumulation_steps" in self.options
+
+    def __hash__(self) -> int:  # The options are a read-only mapping, not hashable itself.
+        return hash((self.entry.name, repr(sorted(self.options.items()))))
+
+    def __deepcopy__(self, memo: dict) -> StrategyChoice:  # Immutable: a copy is itself.
+        return self
+
+    def one_process_per_device(self) -> StrategyChoice:
+        """The multi-worker entry with the same training step (one worker process per
+        device): ``multi_worker_allreduce`` for tfpar's step, else ``multi_worker``."""
+        return choose("multi_worker_allreduce" if self.runs_allreduce_step else "multi_worker")
+
+    @property
     def micro_batches(self) -> int:
         """Micro-batches per training step: the entry's ``accumulation_steps`` option (the
         registry's name for it), else 1."""

@@ -14,6 +14,7 @@ from tfpar import devices
 from tfpar import strategies
 from tfpar.errors import DeviceError
 from tfpar.errors import RegistryError
+from tfpar.strategies.registry import StrategyChoice
 from tfpar.testing import reference_runs
 
 
@@ -40,8 +41,8 @@ def ensure_devices(count: int) -> None:
             f"{count} in the [pytest] section of your config).") from None
 
 
-def _skip_reason(name: str, num_devices: int) -> str | None:
-    entry = strategies.entry(name)
+def _skip_reason(choice: StrategyChoice, num_devices: int) -> str | None:
+    entry, name = choice.entry, choice.name
     if entry.multi_process:
         return (f"strategy {name!r} runs several worker processes; test it with "
                 "tfpar.cluster.launcher (scripts/launch.py) instead of in-process")
@@ -95,10 +96,11 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
     def strategy(self, name: str, num_devices: int = 2, **options) -> tf.distribute.Strategy:
         """Returns ``tfpar.strategies.get(name, num_devices)``, or skips the test with the reason
         the combination cannot run on this machine."""
-        reason = _skip_reason(name, num_devices)
+        choice = strategies.choose(name, **options)  # Resolved once.
+        reason = _skip_reason(choice, num_devices)
         if reason:
             self.skipTest(reason)
-        return strategies.get(name, num_devices, **options)
+        return choice.build(num_devices)
 
     def assertReplicasInSync(self, model: keras.Model, rtol: float = 0.0,
                              atol: float = 0.0) -> None:
