@@ -42,8 +42,8 @@ flags.DEFINE_string(
     "Registry strategy; --list_strategies prints them all. Its options are the flags of the "
     "groups below that it takes.")
 OPTION_GROUPS = (ReductionOptions, StepOptions, MultiWorkerOptions)
-for _group in OPTION_GROUPS:
-    config_flags.define(_group)
+# Each option group's flags, as defined from its class (--help lists them together).
+_GROUP_FLAGS = {group: tuple(config_flags.define(group)) for group in OPTION_GROUPS}
 flags.DEFINE_bool("list_strategies", False, "Print the registered strategies and exit.")
 flags.DEFINE_list("num_devices", ["1"],
                   "Comma list of device-set sizes to train on in turn, e.g. 1,2 (one device, then "
@@ -66,13 +66,9 @@ HELP_GROUPS = {
                       "scale_with_devices", "warmup_epochs", "lr_decay", "optimizer", "momentum",
                       "seed", "dtype"),
     "Devices and strategy": ("strategy", "list_strategies", "num_devices", "devices",
-                             "cross_device_ops", "sync_batchnorm"),
-    "The hand-written all-reduce step (allreduce*)": ("allreduce", "bytes_per_pack",
-                                                      "gradient_compression",
-                                                      "accumulation_steps", "split_weights"),
-    "Several workers (multi_worker*)": ("implementation", "cluster", "worker_hosts",
-                                        "task_index", "cluster_timeout",
-                                        "heartbeat_timeout"),
+                             *_GROUP_FLAGS[ReductionOptions], "sync_batchnorm"),
+    "The hand-written all-reduce step (allreduce*)": _GROUP_FLAGS[StepOptions],
+    "Several workers (multi_worker*)": _GROUP_FLAGS[MultiWorkerOptions],
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
     "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
                                 "model_dir", "resume", "preemption_signal",
