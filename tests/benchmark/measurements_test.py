@@ -124,6 +124,10 @@ class ResolvedOnceTest(tf.test.TestCase):
             strategies.choose("allreduce", accumulation_steps=4))
         self.assertIs(Configuration("keras", 1, "lenet", 8).strategy, benchmark.BASELINE)
         self.assertIs(Configuration("independent", 2, "lenet", 8).strategy, benchmark.CEILING)
+        # BASELINE and CEILING were their names: a comparison with the name still holds.
+        with self.assertWarnsRegex(DeprecationWarning, r"compare with tfpar\.benchmark"):
+            self.assertTrue(benchmark.BASELINE == "keras")
+        self.assertNotEqual(benchmark.BASELINE, benchmark.CEILING)
 
 
 if __name__ == "__main__":

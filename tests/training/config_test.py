@@ -35,6 +35,10 @@ class StrategyFieldTest(tf.test.TestCase):
         with self.assertWarnsRegex(DeprecationWarning, r"use TrainConfig\.strategy"):
             self.assertIs(config.choice, config.strategy)
 
+    def test_comparing_the_strategy_with_a_name_warns_and_still_matches(self):
+        with self.assertWarnsRegex(DeprecationWarning, r"compare its \.name"):
+            self.assertTrue(TrainConfig(strategy="allreduce").strategy == "allreduce")
+
     def test_something_else_is_one_clear_error(self):
         with self.assertRaisesRegex(ConfigError, r"strategy must be a registry name or a "
                                                  r"tfpar\.strategies\.StrategyChoice"):

@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import statistics
+import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -23,8 +24,30 @@ from tfpar.host import thread_layouts
 from tfpar.strategies.registry import StrategyChoice
 
 
-@dataclasses.dataclass(frozen=True)
-class PlainKeras:
+class _NamedRun:
+    """A run that is not a registry strategy, equal to its former name with a warning (the
+    benchmark's BASELINE and CEILING were these strings)."""
+
+    name: ClassVar[str]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            warnings.warn(f"Comparing tfpar.benchmark's {self.name!r} run with its name is "
+                          "deprecated and will be False from tfpar 0.4.0: compare with "
+                          "tfpar.benchmark.BASELINE or CEILING, or its .name.",
+                          DeprecationWarning, stacklevel=2)
+            return self.name == other
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlainKeras(_NamedRun):
     """What a configuration runs: plain Keras with no strategy on one device and TensorFlow's
     default threads (every core)."""
 
@@ -34,12 +57,9 @@ class PlainKeras:
         """Processes it runs as: one."""
         return 1
 
-    def __str__(self) -> str:
-        return self.name
 
-
-@dataclasses.dataclass(frozen=True)
-class Ceiling:
+@dataclasses.dataclass(frozen=True, eq=False)
+class Ceiling(_NamedRun):
     """What a configuration runs: N processes each training plain Keras alone on one device of
     ``threads_per_device`` threads and 1/N of the global batch (a replica's share), side by
     side: data parallelism with no communication at all, the most N devices can give."""
@@ -49,9 +69,6 @@ class Ceiling:
     def processes(self, num_devices: int) -> int:
         """Processes it runs as: one per device."""
         return num_devices
-
-    def __str__(self) -> str:
-        return self.name
 
 
 BASELINE = PlainKeras()

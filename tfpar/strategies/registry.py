@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+import warnings
 import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -228,6 +229,16 @@ class StrategyChoice:
         """Whether the strategy trains with tfpar's hand-written all-reduce step (the entries
         that take its ``accumulation_steps`` option)."""
         return "accumulation_steps" in self.options
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):  # Where a name was kept before (TrainConfig.strategy).
+            warnings.warn("Comparing a StrategyChoice with a strategy name is deprecated and "
+                          "will be False from tfpar 0.4.0: compare its .name.",
+                          DeprecationWarning, stacklevel=2)
+            return self.name == other
+        if not isinstance(other, StrategyChoice):
+            return NotImplemented
+        return (self.entry, dict(self.options)) == (other.entry, dict(other.options))
 
     def __hash__(self) -> int:  # The options are a read-only mapping, not hashable itself.
         return hash((self.entry.name, repr(sorted(self.options.items()))))
