@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -199,6 +198,19 @@ class Selection:
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class _Options(dict):
+    """A choice's options: a dict that refuses changes (unlike a mapping proxy, it copies, so
+    ``dataclasses.asdict`` of a config holding a choice works)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("A StrategyChoice's options are read-only: use with_options(...).")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple:
+        return _Options, (dict(self),)
+
+
 @dataclasses.dataclass(frozen=True)
 class StrategyChoice:
     """A registry entry and its options, checked: the user's choice of strategy as a value.
@@ -240,11 +252,8 @@ class StrategyChoice:
             return NotImplemented
         return (self.entry, dict(self.options)) == (other.entry, dict(other.options))
 
-    def __hash__(self) -> int:  # The options are a read-only mapping, not hashable itself.
+    def __hash__(self) -> int:  # The options are a read-only dict, not hashable itself.
         return hash((self.entry.name, repr(sorted(self.options.items()))))
-
-    def __deepcopy__(self, memo: dict) -> StrategyChoice:  # Immutable: a copy is itself.
-        return self
 
     def one_process_per_device(self) -> StrategyChoice:
         """The multi-worker entry with the same training step (one worker process per
@@ -267,7 +276,7 @@ class StrategyChoice:
         if unknown:
             raise RegistryError(f"Strategy {self.name!r} has no option(s) {', '.join(unknown)}. "
                                 f"Its options: {', '.join(self.options) or 'none'}.")
-        return dataclasses.replace(self, options=types.MappingProxyType({**self.options,
+        return dataclasses.replace(self, options=_Options({**self.options,
                                                                          **options}))
 
     def build(self, devices: devices_lib.DeviceSpec = 1) -> tf.distribute.Strategy:
@@ -315,7 +324,7 @@ def choose(name: str, **options: Any) -> StrategyChoice:
         RegistryError: If the name or an option is unknown.
     """
     chosen = entry(name)
-    return StrategyChoice(chosen, types.MappingProxyType(chosen.options())).with_options(
+    return StrategyChoice(chosen, _Options(chosen.options())).with_options(
         **options)
 
 
