@@ -65,12 +65,36 @@ def train_loop_per_worker(config):
                 os.kill(os.getpid(), config["kill"])
                 time.sleep(5)  # A signal the process survives lets it train on.
 
+    if rank == 0 and config["name"] == "multi_worker":
+        record_keras_versions(os.path.join(config["out"], "keras_versions.json"))
     x, y = data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     model.fit(dataset, epochs=EPOCHS, initial_epoch=initial_epoch, verbose=0,
               callbacks=[report, KillOnce()])
     if rank == 0:
         np.savez(os.path.join(config["out"], f"{config['name']}.npz"), *model.get_weights())
+
+
+def record_keras_versions(path: str) -> None:
+    """Writes what tf.keras is in a Ray worker, in a process it starts, and in a worker of
+    tfpar's launcher it starts (Ray sets TF_USE_LEGACY_KERAS=1 in its workers)."""
+    import io
+    import subprocess
+
+    import tensorflow as tf
+
+    from tfpar.cluster import launcher
+
+    code = "import tensorflow as tf; print('tf.keras', tf.keras.__version__)"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    launched = io.StringIO()
+    launcher.launch([sys.executable, "-c", code], 1, out=launched)
+    with open(path, "w") as f:
+        json.dump({"switch": os.environ.get("TF_USE_LEGACY_KERAS"),
+                   "worker": tf.keras.__version__,
+                   "started_process": plain.stdout.split("tf.keras ")[-1].strip(),
+                   "launcher_worker": launched.getvalue().split("tf.keras ")[-1].strip(),
+                   "launcher_said": launched.getvalue().splitlines()[0]}, f)
 
 
 def main(initial: str, out: str) -> None:

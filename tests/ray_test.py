@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -76,6 +77,24 @@ class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
         actual = list(np.load(os.path.join(self.out, f"{name}.npz")).values())
         for want, got in zip(expected, actual):
             self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+
+    def test_tf_keras_is_keras_3_in_the_worker_and_in_tfpars_workers_it_starts(self):
+        # Ray's TensorflowTrainer sets TF_USE_LEGACY_KERAS=1 in its workers: with tf_keras
+        # installed, a process a Ray worker starts gets Keras 2 for tf.keras; the workers of
+        # tfpar's launcher get Keras 3, as tfpar's strategies need.
+        self.assertEqual(self.status, 0, self.output[-5000:])
+        with open(os.path.join(self.out, "keras_versions.json")) as f:
+            versions = json.load(f)
+        self.assertEqual(versions["switch"], "1")
+        self.assertEqual(versions["worker"], keras.__version__)
+        self.assertEqual(versions["launcher_worker"], keras.__version__)
+        self.assertIn("is not passed to the workers", versions["launcher_said"])
+        try:
+            import tf_keras
+        except ImportError:
+            self.assertEqual(versions["started_process"], "")  # TensorFlow cannot import it.
+        else:
+            self.assertEqual(versions["started_process"], tf_keras.__version__)
 
     @parameterized.parameters("multi_worker", "multi_worker_allreduce")
     def test_two_ray_workers_train_as_one_process_and_report_to_ray(self, name):

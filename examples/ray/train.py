@@ -17,8 +17,11 @@ from absl import flags
 _STRATEGY = flags.DEFINE_enum("strategy", "multi_worker",
                               ["multi_worker", "multi_worker_allreduce"],
                               "tfpar entry each Ray worker trains under.")
-_NUM_WORKERS = flags.DEFINE_integer("num_workers", 2, "Ray workers (one process each).",
-                                    lower_bound=1)
+_NUM_WORKERS = flags.DEFINE_string("num_workers", "2", "Ray workers (one process each): N, or "
+                                   "MIN:MAX for an elastic job (Ray's ScalingConfig("
+                                   "num_workers=(MIN, MAX))), which runs as many as the "
+                                   "cluster's CPUs allow and restarts at the size left when a "
+                                   "node is lost.")
 _CPUS_PER_WORKER = flags.DEFINE_integer("cpus_per_worker", 1, "CPUs Ray gives each worker "
                                         "(its TensorFlow threads).", lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 5, "Epochs.", lower_bound=1)
@@ -69,13 +72,20 @@ def main(argv: list[str]) -> None:
     except ImportError as e:
         sys.exit(str(e) if "tfpar" in str(e) else 'Ray Train is not installed: pip install '
                  '"tfpar[ray]" (or pip install -e ".[ray]" in a checkout).')
+    from tfpar.cluster import elastic
+    from tfpar.errors import ConfigError
+
+    try:
+        fewest, most = elastic.parse_worker_range(_NUM_WORKERS.value)
+    except ConfigError as e:
+        sys.exit(f"Error: {e.render(lambda name: f'--{name}')}")
     ray.init(address=_ADDRESS.value, include_dashboard=False)
     # --8<-- [start:trainer]
     trainer = TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config={"strategy": _STRATEGY.value, "epochs": _EPOCHS.value,
                            "batch_size": _BATCH_SIZE.value, "lr": _LR.value},
-        scaling_config=ScalingConfig(num_workers=_NUM_WORKERS.value,
+        scaling_config=ScalingConfig(num_workers=most if fewest == most else (fewest, most),
                                      resources_per_worker={"CPU": _CPUS_PER_WORKER.value}),
         run_config=RunConfig(storage_path=_STORAGE_PATH.value,
                              failure_config=FailureConfig(max_failures=_MAX_FAILURES.value)))

@@ -107,6 +107,19 @@ class WaitForPeersTest(tf.test.TestCase):
         cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
         self.assertLess(time.monotonic() - start, 2)
 
+    def test_the_chief_stopped_while_it_waits_leaves_quietly(self):
+        # A peer that answers for ever (a hung worker whose port still accepts); the launcher
+        # stops the job meanwhile (SIGINT): no KeyboardInterrupt from the exit handler.
+        peer = socket.socket()
+        peer.bind(("127.0.0.1", 0))
+        peer.listen()
+        self.addCleanup(peer.close)
+        threading.Timer(0.5, signal.pthread_kill, (threading.get_ident(), signal.SIGINT)).start()
+        start = time.monotonic()
+        cluster_peers.leave_last(self._resolver(self._free_port(), peer.getsockname()[1]),
+                                 timeout=10)
+        self.assertLess(time.monotonic() - start, 5)
+
     def test_says_whom_it_waits_for_and_gives_up(self):
         own, peer = launcher.free_ports(2)
         messages = []

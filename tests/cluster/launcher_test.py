@@ -25,10 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def signal_worker_after(launch: subprocess.Popen, saved_line: str,
-                        signum: int) -> tuple[list[str], int]:
-    """Reads the job's output up to ``saved_line``, then sends ``signum`` to its worker 1 (the
-    launcher's last child); returns the lines read and the worker's process id."""
+def signal_worker_after(launch: subprocess.Popen, saved_line: str, signum: int,
+                        num_workers: int = 2) -> tuple[list[str], int]:
+    """Reads the job's output up to ``saved_line``, then sends ``signum`` to its last worker
+    (the launcher's last child); returns the lines read and the worker's process id."""
     seen = []
     for line in launch.stdout:
         seen.append(line)
@@ -36,9 +36,22 @@ def signal_worker_after(launch: subprocess.Popen, saved_line: str,
             break
     workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(launch.pid)],
                                               capture_output=True, text=True).stdout.split()]
-    assert len(workers) == 2, workers
+    assert len(workers) == num_workers, workers
     os.kill(max(workers), signum)
     return seen, max(workers)
+
+
+def train_job(num_workers: int, model_dir: str, *flags: str,
+              launcher_flags: tuple = ()) -> subprocess.Popen:
+    """Starts ``tfpar-launch`` of ``num_workers`` workers of ``scripts/train.py`` on digits
+    (3 epochs, state in ``model_dir``), output piped."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "scripts", "launch.py"),
+         f"--num_workers={num_workers}", *launcher_flags, "--", sys.executable,
+         os.path.join(ROOT, "scripts", "train.py"), "--dataset=digits",
+         f"--model_dir={model_dir}", "--verbose=2", "--epochs=3", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def _running(pid: int) -> bool:
@@ -344,14 +357,8 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         # TensorFlow's default, 10 s, measured 11 s) and aborts the collectives; worker 0
         # exits 69, and the launcher starts the job again from the last saved epoch.
         model_dir = os.path.join(self.get_temp_dir(), "state")
-        process = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
-             "--max_restarts=1", "--", sys.executable, os.path.join(ROOT, "scripts", "train.py"),
-             "--strategy=multi_worker", "--dataset=digits", "--batch_size=256",
-             f"--model_dir={model_dir}", "--verbose=2", "--epochs=3",
-             "--heartbeat_timeout=3"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        process = train_job(2, model_dir, "--strategy=multi_worker", "--batch_size=256",
+                            "--heartbeat_timeout=3", launcher_flags=("--max_restarts=1",))
         stopped = []
         try:
             stopped.append(signal_worker_after(process, "Saved training state after epoch 1 ",
@@ -369,7 +376,8 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                     os.kill(pid, signal.SIGCONT)
             process.kill()
         self.assertEqual(process.returncode, 0, rest[-3000:])
-        self.assertIn("launcher: worker 0 exited with 69; stopped the other workers.", rest)
+        self.assertIn("launcher: worker 0 exited with 69 (worker 1 stopped answering); stopped the "
+                      "other workers.", rest)
         self.assertRegex(rest, r"launcher: restart 1 of 1: starting every worker again, "
                                r"resuming from epoch [12] in ")
         self.assertEqual(launcher.last_saved_epoch(model_dir), 3)
@@ -379,6 +387,44 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                                r"aborted the job's collectives\. Check that every worker's process"
                                r" .* Epoch \d+ is the last saved in .*multi_worker_1_devices: run "
                                r"the same command on every worker to resume from it\.")
+        self.assertNotIn("Traceback", rest)
+
+    @parameterized.named_parameters(("lost", signal.SIGKILL), ("hung", signal.SIGSTOP))
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
+    def test_a_lost_or_hung_worker_among_8_ends_the_job_in_one_line_naming_it(self, signum):
+        # 8 workers on 2 cores (one thread each). A killed worker is seen by the launcher at
+        # once; a hung one (SIGSTOP) by its peers, whose coordination service misses its
+        # heartbeats for --heartbeat_timeout seconds: whichever peer exits first names it.
+        process = train_job(8, self.get_temp_dir(), "--strategy=multi_worker_allreduce",
+                            "--batch_size=64", "--heartbeat_timeout=5")
+        stopped = []
+        try:
+            stopped.append(signal_worker_after(process, "Saved training state after epoch 1 ",
+                                               signum, num_workers=8)[1])
+            start = time.monotonic()
+            rest = process.communicate(timeout=240)[0]
+            ended_after = time.monotonic() - start
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            process.kill()
+        said = [line for line in rest.splitlines() if line.startswith("launcher:")]
+        self.assertLen(said, 1, rest[-3000:])
+        # A killed worker's peers may see its connections reset before the launcher polls it:
+        # either way the one line names worker 7.
+        lost = r"worker [0-6] exited with 69 \(worker 7 stopped answering\)"
+        if signum == signal.SIGKILL:
+            self.assertIn(process.returncode, (137, 69), rest[-3000:])
+            self.assertRegex(said[0], rf"^launcher: (worker 7 was killed by signal 9|{lost}); "
+                                      r"stopped the other workers\.$")
+        else:
+            self.assertEqual(process.returncode, 69, rest[-3000:])
+            self.assertRegex(said[0], rf"^launcher: {lost}; stopped the other workers\.$")
+            self.assertRegex(rest, r"\[worker [0-6]\] Error: Worker 7 stopped answering, so "
+                                   r"TensorFlow aborted the job's collectives\.")
+        # Bounded: the heartbeat timeout, the peers' exit and the launcher's stop of the rest.
+        self.assertLess(ended_after, 60)
         self.assertNotIn("Traceback", rest)
 
     def test_the_script_answers_bad_input_with_one_line(self):

@@ -163,6 +163,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
             "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
             "requeue", "gpus_per_task", "signal", "cpus_per_task",  # sbatch, srun
             "shm_size",  # docker run
+            "nnodes",  # torchrun
             "tfpar_devices",  # tfpar's pytest plugin
             "strict"}  # mkdocs build
         unknown = []

@@ -32,6 +32,7 @@ from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
+from tfpar.cluster import worker_environment
 from tfpar.errors import ConfigError
 
 
@@ -48,11 +49,11 @@ class _Processes:
                 namespace = stack.enter_context(private_network.Namespace())
             except ConfigError:
                 pass  # Not Linux, or no user namespaces: the workers warn about their ports.
-            environments = [dict(os.environ, TF_CONFIG=c,
-                                 **{launcher.PRIVATE_NETWORK_ENV: "1" if namespace else "0"})
-                            for c in launcher.tf_configs(count)]
+            environments = [worker_environment.worker_environment(
+                {"TF_CONFIG": c, launcher.PRIVATE_NETWORK_ENV: "1" if namespace else "0"})
+                for c in launcher.tf_configs(count)]
         else:
-            environments = [dict(os.environ)] * count
+            environments = [worker_environment.worker_environment()] * count
         self.processes: list[subprocess.Popen[str]] = []
         self.logs: list = []
         for index, env in enumerate(environments):

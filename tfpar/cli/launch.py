@@ -4,6 +4,10 @@ Example::
 
     python scripts/launch.py --num_workers=2 -- \\
         python scripts/train.py --strategy=multi_worker --dataset=digits
+
+    # Elastic: 4 workers, going on with 3 or 2 when one keeps failing.
+    python scripts/launch.py --num_workers=2:4 --max_restarts=1 -- \\
+        python scripts/train.py --strategy=multi_worker_allreduce --model_dir=/tmp/job
 """
 
 from __future__ import annotations
@@ -13,12 +17,18 @@ import sys
 from absl import flags
 
 from tfpar.cli import common
+from tfpar.cluster import elastic
 from tfpar.cluster import launcher
 from tfpar.errors import ConfigError
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_integer("num_workers", 2, "Number of worker processes.", lower_bound=1)
+flags.DEFINE_string("num_workers", "2",
+                    "Number of worker processes: N, or MIN:MAX for an elastic job (as torchrun's "
+                    "--nnodes), which goes on with fewer workers, down to MIN, when one keeps "
+                    "failing (more than --max_restarts times at a number of workers), from the "
+                    "last state saved in the command's --model_dir at the same global batch, and "
+                    "tries the lost ones again at the next restart or epoch boundary.")
 flags.DEFINE_enum("network", "private", list(launcher.NETWORKS),
                   "private: the workers run on a loopback network of their own, which nothing "
                   "outside the job can reach (and they cannot reach the network: download "
@@ -47,10 +57,11 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
                           "--strategy=multi_worker.")
-    sys.exit(launcher.launch(argv[1:], FLAGS.num_workers, FLAGS.host,
+    fewest, most = elastic.parse_worker_range(FLAGS.num_workers)
+    sys.exit(launcher.launch(argv[1:], most, FLAGS.host,
                              all_output=FLAGS.all_output, network=FLAGS.network,
                              max_restarts=FLAGS.max_restarts,
-                             resumes_itself=FLAGS.resumes_itself))
+                             resumes_itself=FLAGS.resumes_itself, min_workers=fewest))
 
 
 def run() -> None:

@@ -157,17 +157,21 @@ def leave_last(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,
     The chief leads TensorFlow's coordination service: when its process ends before another
     worker's, that worker's next heartbeat fails and TensorFlow prints ``StartAbort UNAVAILABLE
     ... CoordinationService/Heartbeat`` lines after a job that ended well. The chief calls this
-    as it exits, so that it leaves last.
+    as it exits, so that it leaves last. Stopped meanwhile (Ctrl-C, or a launcher stopping the
+    job after a peer failed), it leaves at once, quietly.
     """
     spec = cluster_resolver.cluster_spec()
     me = (cluster_resolver.task_type, cluster_resolver.task_id)
     others = [spec.task_address(job, index) for job in spec.jobs
               for index in spec.task_indices(job) if (job, index) != me]
     deadline = time.monotonic() + timeout
-    while others and time.monotonic() < deadline:
-        others = [address for address in others if _answers(address)]
-        if others:
-            time.sleep(0.1)
+    try:
+        while others and time.monotonic() < deadline:
+            others = [address for address in others if _answers(address)]
+            if others:
+                time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
 
 
 def connect(make: Callable[[], tf.distribute.Strategy],

@@ -113,14 +113,18 @@ class _Releaser:
             self.released += 1
 
     def _stop(self) -> None:
-        # Frees what is left before the interpreter goes, rather than during its teardown.
+        # Frees what is left before the interpreter goes, rather than during its teardown;
+        # stopped meanwhile (Ctrl-C, a launcher stopping the job), it leaves quietly.
         self._stopped = True
         self._queue.put(None)
         deadline = time.monotonic() + _EXIT_TIMEOUT_SECONDS
-        if self._dispatcher is not None:
-            self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
-        for worker in list(self._workers):
-            worker.join(max(0.0, deadline - time.monotonic()))
+        try:
+            if self._dispatcher is not None:
+                self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
+            for worker in list(self._workers):
+                worker.join(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass
 
 
 _releaser = _Releaser()
