@@ -1,6 +1,7 @@
 """Tests of the benchmark's table, paired ratios and files (CSV, JSON, PNG)."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -23,7 +24,8 @@ class TableTest(tf.test.TestCase):
         measurements = [
             _measurement("keras", 1, [100.0, 50.0, 100.0]),
             _measurement("mirrored", 1, [80.0, 45.0, 100.0]),
-            _measurement("mirrored", 2, [150.0, 60.0, 160.0], 2 * 10**7, [0.01, 0.02, 0.01]),
+            dataclasses.replace(_measurement("mirrored", 2, [150.0, 60.0, 160.0], 2 * 10**7,
+                                             [0.01, 0.02, 0.01]), startup_seconds=12.34),
             _measurement("allreduce", 2, [165.0, 66.0, 160.0]),
         ]
         self.assertEqual(measurements[1].median, 80.0)
@@ -35,15 +37,16 @@ class TableTest(tf.test.TestCase):
         rows = benchmark.table(measurements, epoch_examples=900).splitlines()
         self.assertEqual(rows[0].split(), ["model", "strategy", "devices", "threads", "images/s",
                                            "worst", "best", "steal", "GFLOP/s", "sec/epoch",
-                                           "all-reduce", "in", "step", "speedup", "efficiency",
+                                           "all-reduce", "in", "step", "start-up", "speedup",
+                                           "efficiency",
                                            "vs", "first", "vs", "keras"])
         self.assertRegex(rows[2], r"^lenet +keras +\[CPU:0\] +- +100\.0 +50\.0 +100\.0 +0% ")
         # mirrored on 2: median 150 images/s * 2e7 FLOPs = 3 GFLOP/s, 900 / 150 = 6 s/epoch;
         # all-reduce share of a step (8 images): 0.01 s * 150 / 8, 0.02 * 60 / 8, 0.01 * 160 / 8
         # -> median 19%; speedup over 1 device 1.6x, efficiency 0.8; vs keras: 1.5, 1.2, 1.6
-        # -> 1.5.
+        # -> 1.5. Start-up to the first step: 12.3 s (not measured for the others: "-").
         self.assertRegex(rows[4], r"mirrored +\[CPU:0, CPU:1\] +1 +150\.0 +60\.0 +160\.0 +0% +3\.0 "
-                                  r"+6\.0 +19% +- +1\.60x +0\.80 +1\.000 +1\.500$")
+                                  r"+6\.0 +19% +- +12\.3 s +1\.60x +0\.80 +1\.000 +1\.500$")
         # allreduce over mirrored on the same devices: 1.1, 1.1, 1.0 -> 1.1.
         self.assertRegex(rows[5], r"allreduce .* 1\.100 +1\.600$")
 
@@ -55,8 +58,8 @@ class TableTest(tf.test.TestCase):
         alone = Measurement(Configuration("allreduce", 2, "lenet", 8, communication=False),
                             ["CPU:0", "CPU:1"], 0, [100.0, 50.0, 100.0], [0.0] * 3)
         rows = benchmark.table([with_it, alone]).splitlines()
-        self.assertRegex(rows[2], r"^lenet +allreduce +\[CPU:0, CPU:1\] .* 0% +10% +1\.00x")
-        self.assertRegex(rows[3], r"^lenet +allreduce\(no all-reduce\) .* 0% +- +1\.00x")
+        self.assertRegex(rows[2], r"^lenet +allreduce +\[CPU:0, CPU:1\] .* 0% +10% +- +1\.00x")
+        self.assertRegex(rows[3], r"^lenet +allreduce\(no all-reduce\) .* 0% +- +- +1\.00x")
 
     def test_accumulation_multiplies_the_step_batch(self):
         configuration = Configuration("allreduce", 2, "lenet", 64,

@@ -33,6 +33,8 @@ class RunTest(tf.test.TestCase):
             self.assertLen(m.all_reduce_seconds, 2)
             self.assertGreater(m.median, 0)
             self.assertEqual(m.training_flops_per_image, measurements[0].training_flops_per_image)
+            # Start-up to the first step: TensorFlow's import alone takes seconds.
+            self.assertBetween(m.startup_seconds, 1.0, 300.0)
         self.assertLen(lines, 4 + 4 * 2)
         self.assertEqual(lines[0], "starting lenet keras on 1 device(s), default threads")
         # The second round starts with the second configuration.

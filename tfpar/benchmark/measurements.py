@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import statistics
 import warnings
 from collections.abc import Mapping
@@ -224,6 +225,10 @@ class Measurement:
         steal_fraction: Per round, the share of the machine's CPU time that the hypervisor
             gave to other guests ("steal" in ``/proc/stat``) while the slice ran: where it is
             high, the round measured a throttled machine, not the configuration.
+        startup_seconds: From starting the configuration's processes to the end of its first
+            step (of the chief's, for a job of several workers): imports, devices, connecting
+            the workers, building the model, tracing the step. Measured while the
+            configurations started before it sit idle; ``nan`` when not measured.
     """
 
     configuration: Configuration
@@ -232,6 +237,7 @@ class Measurement:
     images_per_second: list[float] = dataclasses.field(default_factory=list)
     all_reduce_seconds: list[float] = dataclasses.field(default_factory=list)
     steal_fraction: list[float] = dataclasses.field(default_factory=list)
+    startup_seconds: float = math.nan
 
     @property
     def strategy(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -41,6 +42,7 @@ def _rows(measurements: Sequence[Measurement]) -> list[dict]:
                      "steal": statistics.median(m.steal_fraction) if m.steal_fraction else 0.0,
                      "gflops_per_second": m.gflops_per_second,
                      "all_reduce_share": m.all_reduce_share,
+                     "startup_seconds": m.startup_seconds,
                      "communication_in_step": (1 - paired_ratio(m, alone)) if alone else None,
                      "speedup": speedup,
                      "efficiency": speedup * len(base.devices) / len(m.devices),
@@ -115,13 +117,14 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
     GFLOP/s, sec/epoch for ``epoch_examples`` images, the share of a step's time that one
     all-reduce of the gradients takes when timed alone (communication), the share it takes in
     context ("in step": 1 - the paired ratio to the same configuration without its all-reduce,
-    where that was measured; what overlap did not hide), speedup over the same
+    where that was measured; what overlap did not hide), start-up (seconds from starting the
+    processes to the end of the first step), speedup over the same
     strategy and model on its smallest device count, scaling efficiency (speedup / devices),
     the ratio to the first strategy on the same device count and model (e.g. allreduce /
     mirrored), and to the plain Keras baseline. Ratios are paired: medians of per-round ratios.
     """
     header = ("model", "strategy", "devices", "threads", "images/s", "worst", "best", "steal",
-              "GFLOP/s", "sec/epoch", "all-reduce", "in step", "speedup", "efficiency",
+              "GFLOP/s", "sec/epoch", "all-reduce", "in step", "start-up", "speedup", "efficiency",
               "vs first", "vs keras")
     rows = [header]
     for m, r in zip(measurements, _rows(measurements)):
@@ -131,6 +134,7 @@ def table(measurements: Sequence[Measurement], epoch_examples: int = 60_000) -> 
                      f"{epoch_examples / m.median:.1f}", f"{100 * m.all_reduce_share:.0f}%",
                      "-" if r["communication_in_step"] is None
                      else f"{100 * r['communication_in_step']:.0f}%",
+                     "-" if math.isnan(m.startup_seconds) else f"{m.startup_seconds:.1f} s",
                      f"{r['speedup']:.2f}x",
                      f"{r['efficiency']:.2f}", f"{r['vs_first']:.3f}",
                      "-" if r["vs_keras"] is None else f"{r['vs_keras']:.3f}"))

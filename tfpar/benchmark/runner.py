@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -42,6 +43,7 @@ class _Processes:
     def __init__(self, configuration: Configuration, stack: contextlib.ExitStack,
                  profile_steps: int, profile_dir: str):
         self.configuration = configuration
+        started_at = time.time()
         count = configuration.num_processes
         namespace = None
         if count > 1 and not isinstance(configuration.strategy, Ceiling):
@@ -73,6 +75,8 @@ class _Processes:
             self.logs.append(log)
         # Every process must be ready; they all describe the same configuration.
         self.info = [json.loads(self._reply(i, "READY")) for i in range(count)][0]
+        # Until the first step of the job (its chief's; the workers of a job step together).
+        self.startup_seconds = self.info["first_step_at"] - started_at
 
     def _reply(self, index: int, verb: str) -> str:
         process = self.processes[index]
@@ -167,7 +171,8 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
             processes = _Processes(configuration, stack, profile_steps, profile_dir)
             running.append(processes)
             measurements.append(Measurement(configuration, processes.info["devices"],
-                                            processes.info["training_flops_per_image"]))
+                                            processes.info["training_flops_per_image"],
+                                            startup_seconds=processes.startup_seconds))
         for round_index in range(rounds):
             order = list(range(len(sweep)))
             order = order[round_index % len(order):] + order[:round_index % len(order)]

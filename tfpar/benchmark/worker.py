@@ -3,7 +3,8 @@
 Thread settings are fixed per process when TensorFlow initialises, so :mod:`tfpar.benchmark.runner`
 runs every configuration (1 device on 1 core, 2 devices, plain Keras on all cores, each
 worker of a multi-worker job) as a long-lived process of this module. It builds the model,
-warms up, prints ``READY {json}`` and then serves requests on stdin:
+warms up, prints ``READY {json}`` (with ``first_step_at``: when its first compiled call ended,
+on the wall clock) and then serves requests on stdin:
 
 - ``RUN k``: train ``k`` steps, print ``DONE {seconds} {steps} {all_reduce_seconds}``: the
   time from the end of the first compiled call to the end of the last one and the steps in
@@ -150,6 +151,8 @@ def serve(config: Configuration, profile_steps: int = 0, profile_dir: str | None
     """
     trainer = _Trainer(config)
     trainer.train(max(config.warmup_steps, 2 * config.steps_per_execution))
+    # When the first compiled call ended, on the wall clock the runner reads too.
+    trainer.info["first_step_at"] = time.time() - (time.perf_counter() - trainer.timer.ends[0][0])
     trainer.all_reduce_seconds()  # Traces it.
     if profile_steps:
         # Every worker of a job trains the steps; only the chief traces them (see
