@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from unittest import mock
 
@@ -79,6 +80,22 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("[worker 1] started", out.getvalue())
         self.assertIn("launcher: worker 1 exited with 3; stopped the other workers.",
                       out.getvalue())
+
+    def test_a_launcher_runs_from_a_thread_other_than_the_main_one(self):
+        # As in a Ray worker, whose train loop runs in a thread: Python takes signals in the
+        # main thread only, so the launcher installs no handler there, and still runs the job.
+        result = {}
+
+        def launch():
+            out = io.StringIO()
+            result["status"] = launcher.launch([sys.executable, "-c", "print('up')"], 2, out=out)
+            result["out"] = out.getvalue()
+
+        thread = threading.Thread(target=launch)
+        thread.start()
+        thread.join(60)
+        self.assertEqual(result.get("status"), 0, result)
+        self.assertEqual(result["out"].count("] up"), 2)
 
     def test_a_job_that_always_fails_stops_after_its_restarts(self):
         model_dir = self.get_temp_dir()

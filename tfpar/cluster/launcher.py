@@ -546,7 +546,11 @@ def _supervise(processes: list[subprocess.Popen], out: TextIO, lock: threading.L
     :class:`_Preempted` once they exited. ``slots``: the workers' slots, to name them (their
     ranks by default)."""
     slots = list(slots or range(len(processes)))
-    previous = {signum: signal.signal(signum, _notice) for signum in NOTICES}
+    # Python takes signals in the main thread only: a launcher run from another thread (a Ray
+    # worker's train loop) leaves notices to whoever runs that one.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = ({signum: signal.signal(signum, _notice) for signum in NOTICES}
+                if in_main_thread else {})
     next_check = time.monotonic() + GROWTH_CHECK_SECONDS
     try:
         while True:
