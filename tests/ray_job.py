@@ -76,8 +76,8 @@ def train_loop_per_worker(config):
 
 
 def record_keras_versions(path: str) -> None:
-    """Writes what tf.keras is in a Ray worker, in a process it starts, and in a worker of
-    tfpar's launcher it starts (Ray sets TF_USE_LEGACY_KERAS=1 in its workers)."""
+    """Writes which package tf.keras is in a Ray worker, in a process it starts, and in a worker
+    of tfpar's launcher it starts (Ray sets TF_USE_LEGACY_KERAS=1 in its workers)."""
     import io
     import subprocess
 
@@ -85,13 +85,14 @@ def record_keras_versions(path: str) -> None:
 
     from tfpar.cluster import launcher
 
-    code = "import tensorflow as tf; print('tf.keras', tf.keras.__version__)"
+    # The package tf.keras's classes come from: keras (Keras 3) or tf_keras (Keras 2).
+    code = "import tensorflow as tf; print('tf.keras', tf.keras.Model.__module__.split('.')[0])"
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     launched = io.StringIO()
     launcher.launch([sys.executable, "-c", code], 1, out=launched)
     with open(path, "w") as f:
         json.dump({"switch": os.environ.get("TF_USE_LEGACY_KERAS"),
-                   "worker": tf.keras.__version__,
+                   "worker": tf.keras.Model.__module__.split(".")[0],
                    "started_process": plain.stdout.split("tf.keras ")[-1].strip(),
                    "launcher_worker": launched.getvalue().split("tf.keras ")[-1].strip(),
                    "launcher_said": launched.getvalue().splitlines()[0]}, f)

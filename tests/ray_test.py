@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -86,15 +85,15 @@ class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
         with open(os.path.join(self.out, "keras_versions.json")) as f:
             versions = json.load(f)
         self.assertEqual(versions["switch"], "1")
-        self.assertEqual(versions["worker"], keras.__version__)
-        self.assertEqual(versions["launcher_worker"], keras.__version__)
+        self.assertEqual(versions["worker"], "keras")
+        self.assertEqual(versions["launcher_worker"], "keras")
         self.assertIn("is not passed to the workers", versions["launcher_said"])
         try:
-            import tf_keras
+            import tf_keras  # noqa: F401
         except ImportError:
             self.assertEqual(versions["started_process"], "")  # TensorFlow cannot import it.
         else:
-            self.assertEqual(versions["started_process"], tf_keras.__version__)
+            self.assertEqual(versions["started_process"], "tf_keras")
 
     @parameterized.parameters("multi_worker", "multi_worker_allreduce")
     def test_two_ray_workers_train_as_one_process_and_report_to_ray(self, name):

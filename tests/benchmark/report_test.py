@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfpar import benchmark
 from tfpar.benchmark import Configuration
 from tfpar.benchmark import Measurement
+from tfpar.benchmark import report as benchmark_report
 
 
 def _measurement(strategy, num_devices, images_per_second, flops=0, all_reduce_seconds=None):
@@ -60,6 +61,21 @@ class TableTest(tf.test.TestCase):
         rows = benchmark.table([with_it, alone]).splitlines()
         self.assertRegex(rows[2], r"^lenet +allreduce +\[CPU:0, CPU:1\] .* 0% +10% +- +1\.00x")
         self.assertRegex(rows[3], r"^lenet +allreduce\(no all-reduce\) .* 0% +- +- +1\.00x")
+
+    def test_the_all_reduce_model_is_fitted_per_multi_worker_entry(self):
+        # All-reduce times of 2, 6 and 14 ms at 2, 4 and 8 workers: the ring's 2 (N - 1)
+        # messages of 1 ms each, nothing for the bytes; 62 ms at 32 workers.
+        measurements = [
+            Measurement(Configuration("multi_worker_allreduce", n, "lenet", 8),
+                        [f"worker:{i}/CPU:0" for i in range(n)], 0, [100.0] * 3, [seconds] * 3,
+                        gradient_bytes=516_272)
+            for n, seconds in ((2, 2e-3), (4, 6e-3), (8, 14e-3))]
+        measurements.append(_measurement("allreduce", 2, [100.0] * 3, 0, [1e-3] * 3))  # In-process.
+        self.assertEqual(benchmark_report.scaling_lines(measurements, predict_at=(32,)), [
+            "All-reduce model of lenet multi_worker_allreduce (ring, 0.52 MB of gradients, fitted "
+            "to 2, 4, 8 workers): 1.00 ms a message, bandwidth not resolved (the times are "
+            "latency); at 32 workers on this network: 62.0 ms."])
+        self.assertEqual(benchmark_report.scaling_lines(measurements[:1]), [])  # One count only.
 
     def test_accumulation_multiplies_the_step_batch(self):
         configuration = Configuration("allreduce", 2, "lenet", 64,

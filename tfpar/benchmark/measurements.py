@@ -229,6 +229,8 @@ class Measurement:
             step (of the chief's, for a job of several workers): imports, devices, connecting
             the workers, building the model, tracing the step. Measured while the
             configurations started before it sit idle; ``nan`` when not measured.
+        gradient_bytes: The bytes of the model's gradients (its trainable variables): what an
+            all-reduce exchanges each step.
     """
 
     configuration: Configuration
@@ -238,6 +240,7 @@ class Measurement:
     all_reduce_seconds: list[float] = dataclasses.field(default_factory=list)
     steal_fraction: list[float] = dataclasses.field(default_factory=list)
     startup_seconds: float = math.nan
+    gradient_bytes: int = 0
 
     @property
     def strategy(self) -> str:

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from tfpar import atomic_io
+from tfpar.benchmark import scaling_model
 from tfpar.benchmark.measurements import Measurement
 from tfpar.benchmark.measurements import paired_ratio
 
@@ -150,3 +151,33 @@ def write_json(path: str, measurements: Sequence[Measurement]) -> None:
         {**{f.name: getattr(m, f.name) for f in dataclasses.fields(m)},
          "configuration": m.configuration.to_dict(), "median": m.median, "worst": m.worst,
          "best": m.best, "spread": m.spread} for m in measurements])
+
+
+def scaling_lines(measurements: Sequence[Measurement],
+                  predict_at: Sequence[int] = (16, 32, 256)) -> list[str]:
+    """The all-reduce model (:mod:`.scaling_model`, ring) fitted to each multi-worker entry
+    measured at two or more worker counts, with its prediction at ``predict_at`` workers on the
+    network measured: one line each (none without such measurements)."""
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for m in measurements:
+        if m.configuration.num_processes > 1 and any(m.all_reduce_seconds):
+            groups.setdefault((m.model, m.strategy), []).append(m)
+    lines = []
+    for (model, strategy), group in groups.items():
+        measured = sorted((m.configuration.num_processes, statistics.median(m.all_reduce_seconds))
+                          for m in group)
+        if len({n for n, _ in measured}) < 2:
+            continue
+        size = group[0].gradient_bytes
+        network = scaling_model.fit(measured, size)
+        bandwidth = ("bandwidth not resolved (the times are latency)"
+                     if math.isinf(network.bandwidth)
+                     else f"{network.bandwidth / 1e9:.2f} GB/s")
+        predicted = ", ".join(f"{1e3 * scaling_model.predict(network, n, size):.1f} ms"
+                              for n in predict_at)
+        lines.append(
+            f"All-reduce model of {model} {strategy} (ring, {size / 1e6:.2f} MB of gradients, "
+            f"fitted to {', '.join(str(n) for n, _ in measured)} workers): "
+            f"{1e3 * network.latency:.2f} ms a message, {bandwidth}; at "
+            f"{', '.join(map(str, predict_at))} workers on this network: {predicted}.")
+    return lines

@@ -172,7 +172,8 @@ def run(sweep: Sequence[Configuration], steps: int = 10, rounds: int = 5,
             running.append(processes)
             measurements.append(Measurement(configuration, processes.info["devices"],
                                             processes.info["training_flops_per_image"],
-                                            startup_seconds=processes.startup_seconds))
+                                            startup_seconds=processes.startup_seconds,
+                                            gradient_bytes=processes.info["gradient_bytes"]))
         for round_index in range(rounds):
             order = list(range(len(sweep)))
             order = order[round_index % len(order):] + order[:round_index % len(order)]

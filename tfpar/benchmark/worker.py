@@ -103,7 +103,9 @@ class _Trainer:
                         .with_options(options).prefetch(tf.data.AUTOTUNE))
         self.timer = _StepTimes()
         self.info = {"devices": devices,
-                     "training_flops_per_image": flops.training_flops_per_image(self.model)}
+                     "training_flops_per_image": flops.training_flops_per_image(self.model),
+                     "gradient_bytes": sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                                           for v in self.model.trainable_variables)}
         self._all_reduce = tf.function(self._all_reduce_gradient_shapes)
 
     def train(self, steps: int, callbacks: Sequence[keras.callbacks.Callback] = ()

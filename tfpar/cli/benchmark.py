@@ -68,6 +68,8 @@ def main(argv: list[str]) -> None:
     print()
     print(f"Machine: {env.describe_cpu()}")  # Figures differ by CPU kind: say which.
     print(benchmark_report.table(measurements, config.epoch_examples))
+    for line in benchmark_report.scaling_lines(measurements):
+        print(line)
     for path, write, what in ((FLAGS.output, benchmark_report.write_json, "Measurements"),
                               (FLAGS.csv, benchmark_report.write_csv, "Table"),
                               (FLAGS.plot, benchmark_report.plot, "Plot")):
