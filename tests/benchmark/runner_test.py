@@ -12,8 +12,11 @@ from tfpar.errors import ConfigError
 
 
 def _benchmark_processes():
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "tfpar.benchmark.worker" in line]
+    """This test process's benchmark workers still running (another test process's, under
+    pytest -n, are its own)."""
+    out = subprocess.run(["ps", "-eo", "ppid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if "tfpar.benchmark.worker" in line and int(line.split()[0]) == os.getpid()]
 
 
 class RunTest(tf.test.TestCase):
