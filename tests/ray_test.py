@@ -134,6 +134,45 @@ class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllEqual(want, got)
 
 
+class RayElasticTest(tf.test.TestCase):
+
+    def test_a_node_that_leaves_shrinks_the_job_and_it_ends_as_one_process(self):
+        # ScalingConfig(num_workers=(2, 3)) on a 3-node local cluster: 3 workers; the 1-CPU
+        # node leaves after epoch 1; Ray first retries at 3 (it still counts the node's CPU),
+        # gives up on starting them after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (20 s here,
+        # 60 s by default) and starts 2; tfpar's checkpoint of epoch 1 resumes at 2 workers.
+        out = os.path.join(self.get_temp_dir(), "ray_elastic")
+        os.makedirs(out)
+        initial = os.path.join(out, "initial.npz")
+        np.savez(initial, *ray_job.user_model().get_weights())
+        with private_network.Namespace() as network:
+            job = subprocess.Popen([sys.executable, os.path.join(HERE, "ray_elastic_job.py"),
+                                    initial, out], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=network.enter,
+                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                        "RAY_DISABLE_USAGE_STATS": "1",
+                                        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20"})
+        try:
+            output = job.communicate(timeout=600)[0]
+        finally:
+            job.kill()
+        self.assertEqual(job.returncode, 0, output[-5000:])
+        with open(os.path.join(out, "elastic.json")) as f:
+            result = json.load(f)
+        self.assertIsNone(result["error"])
+        self.assertEqual(result["starts"], ["3 0", "2 1"], output[-3000:])  # (workers, epoch)
+        self.assertEqual(result["metrics"]["epoch"], ray_job.EPOCHS)
+        model = ray_job.user_model()
+        model.set_weights(list(np.load(initial).values()))
+        x, y = ray_job.data()
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=ray_job.EPOCHS,
+                  verbose=0)
+        final = list(np.load(os.path.join(out, "elastic.npz")).values())
+        for want, got in zip(model.get_weights(), final):
+            self.assertAllClose(want, got, rtol=1e-5, atol=1e-6)
+
+
 class RayExampleTest(tf.test.TestCase):
 
     def test_the_example_trains_lenet_on_two_ray_workers(self):

@@ -108,8 +108,9 @@ class SlurmTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class EmulatedSrunTest(tf.test.TestCase):
-    """Two jobs of 2 tasks on one node at once, started as srun starts a step's tasks: one on
-    a CPU-only node, one where an nvidia-smi lists GPUs (that TensorFlow then does not find)."""
+    """Three jobs on one node at once, started as srun starts a step's tasks: 2 tasks on a
+    CPU-only node, 2 where an nvidia-smi lists GPUs (that TensorFlow then does not find), and 4
+    tasks (one thread each, sharing the node's cores)."""
 
     @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_two_jobs_on_one_node_train_as_one_process(self):
@@ -117,13 +118,15 @@ class EmulatedSrunTest(tf.test.TestCase):
         initial = os.path.join(self.get_temp_dir(), "initial.npz")
         np.savez(initial, *reference.get_weights())
         with_gpus = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 2))
-        jobs = {"4242": os.environ.get("PATH", ""), "4243": with_gpus + os.pathsep +
-                os.environ.get("PATH", "")}
+        path = os.environ.get("PATH", "")
+        jobs = {"4242": (path, 2), "4243": (with_gpus + os.pathsep + path, 2), "4244": (path, 4)}
         tasks = []
         with private_network.Namespace() as network:  # The node: its own loopback.
-            for job_id, path in jobs.items():
-                for rank in range(2):
-                    environ = {**os.environ, **srun_environment(job_id=job_id, rank=rank),
+            for job_id, (path, count) in jobs.items():
+                for rank in range(count):
+                    environ = {**os.environ, **srun_environment(job_id=job_id, rank=rank,
+                                                                tasks=count,
+                                                                per_node=str(count)),
                                "PATH": path, "TF_CPP_MIN_LOG_LEVEL": "2"}
                     environ.pop("TF_CONFIG", None)
                     environ.pop("CUDA_VISIBLE_DEVICES", None)
