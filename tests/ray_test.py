@@ -2,7 +2,10 @@
 
 One Ray job (``ray_job.py``, about 3 minutes on 2 cores) runs a user's train loop under
 ``TensorflowTrainer`` with 2 workers four times: ``multi_worker``, ``multi_worker_allreduce``,
-and ``multi_worker`` with a worker killed (SIGKILL, restarted by Ray) or sent SIGTERM.
+and ``multi_worker`` with a worker killed (SIGKILL, restarted by Ray) or sent SIGTERM; its
+first worker also records what ``tf.keras`` is there and in the processes it starts. Another
+(``ray_elastic_job.py``, about a minute) shrinks an elastic job when a node of a local
+3-node Ray cluster leaves.
 Run with ``pytest -m ray`` after ``pip install -e ".[ray]"``; ``.ci/run`` does both and sets
 ``TFPAR_REQUIRE_RAY=1``, so there a missing Ray fails rather than skips.
 """
