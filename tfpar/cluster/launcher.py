@@ -297,7 +297,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                       and last_saved_position(model_dir) > before)
         if progressed:
             slots.settled()
-        if status == _GROWING:
+        if status == _GROWING:  # A fresh budget of restarts at the new size.
+            failures = 0
             which = f"growing back to {_workers(len(slots.running) + len(slots.lost))}"
             back = slots.rejoin()
             which += f" (slot {_listed(back)} {'rejoins' if len(back) == 1 else 'rejoin'})"
