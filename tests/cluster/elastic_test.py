@@ -236,20 +236,24 @@ class ElasticTrainingTest(tf.test.TestCase):
         status, output = self.job(model_dir, "2:4",
                                   lose=(3, 2, os.path.join(self.get_temp_dir(), "gone")))
         self.assertEqual(status, 0, output[-3000:])
-        self.assertIn("launcher: worker 3 was killed by signal 9; stopped the other workers.",
-                      output)
+        # The launcher sees the kill, or a peer that saw the connection go says so first.
+        self.assertRegex(output, r"launcher: (worker 3 was killed by signal 9|worker [0-2] exited "
+                                 r"with 69 \(worker 3 stopped answering\)); stopped the other "
+                                 r"workers\.")
         self.assertRegex(output, r"launcher: the restarts at 4 workers are used up \(0 of 0\): "
                                  r"slot 3 is lost \(tried again after epoch 3 or at a restart\); "
                                  r"going on with 3 workers of 4 \(at least 2\) at the same global "
                                  r"batch, resuming from epoch 2 in ")
         self.assertIn("(3 replicas), global batch 48", output)
-        # At epoch 3's end the lost slot was tried again; its machine still gone, it failed at
-        # once and the job went on with 3 workers, without using a restart.
+        # At epoch 3's end the lost slot is tried again: a notice stops the workers within
+        # epoch 4 (unless a fast machine ends the job first) and, its machine still gone, the
+        # slot fails at once; the job goes on with 3 workers without using a restart.
         self.assertIn("launcher: epoch 3 is saved; a notice to every worker to save and stop, "
                       "to try the lost slots again.", output)
-        self.assertRegex(output, r"launcher: slot 3 failed again on rejoining, so it is lost "
-                                 r"\(tried again after epoch 5 or at a restart\); going on with 3 "
-                                 r"workers of 4, resuming from epoch 4( step \d+)? in ")
+        if "launcher: growing back" in output:
+            self.assertRegex(output, r"launcher: slot 3 failed again on rejoining, so it is lost "
+                                     r"\(tried again after epoch 5 or at a restart\); going on "
+                                     r"with 3 workers of 4, resuming from epoch 4( step \d+)? in ")
         self.assertAsUninterrupted(model_dir)
 
     def test_a_job_grows_back_when_the_lost_machine_returns(self):
