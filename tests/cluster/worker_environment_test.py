@@ -13,8 +13,8 @@ from tfpar.cluster import worker_environment
 
 class WorkerEnvironmentTest(tf.test.TestCase, parameterized.TestCase):
 
-    @parameterized.parameters(("1", True), ("True", True), (" yes", True), ("0", False),
-                              ("", False), (None, False))
+    @parameterized.parameters(("1", True), ("True", True), ("true", True), ("yes", False),
+                              ("TRUE", False), ("0", False), ("", False), (None, False))
     def test_what_switches_tf_keras_to_keras_2(self, value, asked):
         environment = {} if value is None else {"TF_USE_LEGACY_KERAS": value}
         self.assertEqual(worker_environment.legacy_keras_asked(environment), asked)

@@ -74,7 +74,7 @@ class WorkerSlots:
     lost: list[int] = dataclasses.field(default_factory=list)
     rejoining: list[int] = dataclasses.field(default_factory=list)
     next_try_epochs: int = 0
-    _interval: int = 1
+    _interval: int = dataclasses.field(default=1, init=False, repr=False)
 
     def __post_init__(self):
         if not self.running and not self.lost:

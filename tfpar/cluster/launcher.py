@@ -293,8 +293,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                       + (f", the state saved at {_position_words(last_saved_position(model_dir))}"
                          f" in {model_dir}" if model_dir is not None else "") + ".\n")
             return e.status
-        progressed = (model_dir is not None and before is not None
-                      and last_saved_position(model_dir) > before)
+        after = last_saved_position(model_dir) if model_dir is not None else None
+        progressed = before is not None and after is not None and after > before
         if progressed:
             slots.settled()
         if status == _GROWING:  # A fresh budget of restarts at the new size.
@@ -306,49 +306,52 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             return status
         elif status == preemption.PREEMPTED_EXIT_STATUS and (before is None or progressed):
             which = ("the job was preempted after saving; starting every worker again (not "
-                     "counted as a failure)")
-            which += _rejoining(slots)
+                     "counted as a failure)") + _rejoining(slots)
         else:
+            epochs_done = after[0] if after is not None else 0
             slot = slots.slot_of(rank)
-            if slot in slots.rejoining and not progressed:
-                slots.lose(slot, last_saved_position(model_dir)[0] if model_dir else 0)
+            if slot in slots.rejoining and not progressed:  # A trial: no restart used.
+                slots.lose(slot, epochs_done)
                 which = (f"slot {slot} failed again on rejoining, so it is lost"
                          + _next_try(slots, model_dir) + "; going on with "
                          f"{_workers(len(slots.running))} of {slots.maximum}")
             else:
                 failures += 1
-                if failures > max_restarts and slots.can_lose(slot):
+                if failures > max_restarts and not slots.can_lose(slot):
+                    out.write(_end_line(slots, slot, max_restarts, status))
+                    return status
+                if failures > max_restarts:
                     size = len(slots.running)
-                    slots.lose(slot, last_saved_position(model_dir)[0] if model_dir else 0)
+                    slots.lose(slot, epochs_done)
                     failures = 0
                     which = (f"the restarts at {_workers(size)} are used up ({max_restarts} of "
                              f"{max_restarts}): slot {slot} is lost"
                              + _next_try(slots, model_dir) + "; going on with "
                              f"{_workers(len(slots.running))} of {slots.maximum} (at least "
                              f"{slots.minimum}) at the same global batch")
-                elif failures > max_restarts and slots.elastic:
-                    out.write(f"launcher: the restarts at {_workers(len(slots.running))} are used "
-                              f"up ({max_restarts} of {max_restarts}) and without slot {slot} "
-                              f"{_workers(len(slots.running) - 1)} would be left, fewer than "
-                              f"the minimum of {slots.minimum}; exiting with the failed "
-                              f"worker's status ({status}).\n")
-                    return status
-                elif failures > max_restarts:
-                    out.write(f"launcher: restarts used up ({max_restarts} of {max_restarts}); "
-                              f"exiting with the failed worker's status ({status}).\n")
-                    return status
                 else:
                     which = (f"restart {failures} of {max_restarts}: starting every worker again"
                              + _rejoining(slots))
-        if model_dir is None:  # Checked above: the command resumes by itself.
+        if after is None:  # Checked above: the command resumes by itself.
             out.write(f"launcher: {which}; the command resumes by itself.\n")
         else:
-            position = last_saved_position(model_dir)
             out.write(f"launcher: {which}, "
-                      + (f"resuming from {_position_words(position)} in {model_dir}.\n"
-                         if position != (0, 0)
+                      + (f"resuming from {_position_words(after)} in {model_dir}.\n"
+                         if after != (0, 0)
                          else f"from scratch (no epoch saved in {model_dir} yet).\n"))
         out.flush()
+
+
+def _end_line(slots: elastic.WorkerSlots, slot: int, max_restarts: int, status: int) -> str:
+    """The launcher's last line when the restarts are used up and ``slot`` cannot be lost."""
+    used = f"({max_restarts} of {max_restarts})"
+    if not slots.elastic:
+        return (f"launcher: restarts used up {used}; exiting with the failed worker's status "
+                f"({status}).\n")
+    return (f"launcher: the restarts at {_workers(len(slots.running))} are used up {used} and "
+            f"without slot {slot} {_workers(len(slots.running) - 1)} would be left, fewer than "
+            f"the minimum of {slots.minimum}; exiting with the failed worker's status "
+            f"({status}).\n")
 
 
 _GROWING = -1000

@@ -19,10 +19,10 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def legacy_keras_asked(environment: Mapping[str, str] | None = None) -> bool:
-    """Whether ``environment`` (this process's by default) switches ``tf.keras`` to Keras 2
-    (TensorFlow reads ``1``, ``true`` and ``yes``, in any case)."""
-    value = (os.environ if environment is None else environment).get(LEGACY_KERAS_ENV, "")
-    return value.strip().lower() in ("1", "true", "yes")
+    """Whether ``environment`` (this process's by default) switches ``tf.keras`` to Keras 2: as
+    TensorFlow 2.21 reads it (``tensorflow/__init__.py``), for ``1``, ``true`` and ``True``."""
+    value = (os.environ if environment is None else environment).get(LEGACY_KERAS_ENV)
+    return value in ("1", "true", "True")
 
 
 def worker_environment(values: Mapping[str, str] | None = None,
