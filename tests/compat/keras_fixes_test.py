@@ -180,7 +180,8 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
             self.assertTrue(keras_fixes.installed())
 
 
-BACKUP_FIXES = ("backup_chief_writes", "backup_chief_deletes", "backup_epoch_count")
+BACKUP_FIXES = ("backup_chief_writes", "backup_chief_deletes", "backup_epoch_count",
+                "backup_state_beyond_weights")
 
 
 class WorkerModel:
@@ -189,10 +190,12 @@ class WorkerModel:
 
     built = True
     optimizer = None
+    variables = trainable_variables = non_trainable_variables = weights = ()
 
     def __init__(self):
         self.saved_to = []
-        self.distribute_strategy = mock.Mock(**{"extended.should_checkpoint": False})
+        self.distribute_strategy = mock.Mock(**{"extended.should_checkpoint": False,
+                                                "num_replicas_in_sync": 2})
 
     def save_weights(self, filepath, overwrite=True):
         self.saved_to.append(filepath)

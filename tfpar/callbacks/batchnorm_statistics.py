@@ -19,7 +19,10 @@ def averager(model: keras.Model, strategy: tf.distribute.Strategy):
     """Returns a compiled function that does :func:`average` for this model and strategy
     (``None`` when there is nothing to average); build it once and call it as often as needed.
     """
-    variables = [v.value for v in model.non_trainable_variables]
+    # Floating-point ones only: a mean of integers (a Dropout's seed state) is not one of them,
+    # and replicas advance those alike.
+    variables = [v.value for v in model.non_trainable_variables
+                 if tf.as_dtype(v.dtype).is_floating]
     if not variables or strategy.num_replicas_in_sync == 1:
         return None
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfpar import atomic_io
+from tfpar import replica_copies
 from tfpar.cluster import preemption
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
@@ -71,6 +72,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
     HISTORY_FILE = "history.json"
+    # Each checkpoint's copies of the variables replicas updated apart (per-replica BatchNorm
+    # statistics; see :mod:`tfpar.replica_copies`), as ``REPLICA_COPIES_DIR/ckpt-N.json``,
+    # written before the checkpoint, where any replica's copy differed from the first's.
+    REPLICA_COPIES_DIR = "replica_copies"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None):
@@ -85,7 +90,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         # Only a worker of a multi-worker job is not the chief: it has a cluster resolver.
         self._write_dir = directory if self._chief or resolver is None else os.path.join(
             directory, f".worker_{resolver.task_type}_{resolver.task_id}")
-        self._model, self._max_to_keep = model, max_to_keep
+        self._model, self._max_to_keep, self._strategy = model, max_to_keep, strategy
         with strategy.scope():
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
                                            name="epochs_done")
@@ -171,6 +176,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         ).expect_partial()
         epochs, self.resume_step = int(self.epochs_done.numpy()), int(self.steps_done.numpy())
         self._last_number = _number_of(latest)
+        self._restore_replica_copies(os.path.basename(latest))
         if self.resume_step:
             reason = keras_fixes.skip_reason()
             if reason:
@@ -185,6 +191,44 @@ class EpochCheckpoint(keras.callbacks.Callback):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
         return epochs
+
+    def _replica_copies_path(self, name: str) -> str:
+        return os.path.join(self.directory, self.REPLICA_COPIES_DIR, f"{name}.json")
+
+    def _restore_replica_copies(self, name: str) -> None:
+        """Gives each replica its own copy of what replicas updated apart, as saved."""
+        try:
+            with open(self._replica_copies_path(name), encoding="utf-8") as f:
+                copies = replica_copies.decode(json.load(f))
+        except FileNotFoundError:
+            return  # Every replica's copy was the same: the checkpoint holds it.
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"The replicas' copies saved with {name} in {self.directory} are "
+                              f"not readable ({e}). Start over (resume=False), or use another "
+                              "model_dir.") from None
+        replica_copies.scatter(self._model, copies, self._strategy)
+
+    def _write_replica_copies(self, name: str) -> None:
+        """Gathers (every worker) and writes (the chief) the replicas' copies that differ."""
+        copies = replica_copies.gather(self._model, self._strategy)
+        if not self._chief:
+            return
+        path = self._replica_copies_path(name)
+        if copies:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_io.write_text(path, json.dumps(replica_copies.encode(copies)))
+        else:  # A file of an earlier save of this number would be read with this one.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def _prune_replica_copies(self) -> None:
+        """Removes the copies of checkpoints the manager no longer keeps."""
+        kept = {f"{os.path.basename(path)}.json" for path in self._manager.checkpoints}
+        folder = os.path.join(self.directory, self.REPLICA_COPIES_DIR)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                if name not in kept:
+                    os.remove(os.path.join(folder, name))
 
     @property
     def position(self) -> tuple[int, int]:
@@ -222,8 +266,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                      kv[0]))[-(self._max_to_keep + 1):]))
         self.epochs_done.assign(epochs)
         self.steps_done.assign(steps)
+        self._write_replica_copies(f"ckpt-{number}")
         path = self._manager.save(checkpoint_number=number)
         self._last_number = number
+        if self._chief:
+            self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
                                  self.made_with)

@@ -56,6 +56,9 @@ class SaveOnPreemption(keras.callbacks.Callback):
         self._steps = 0
         self._epoch = 0
         self._at_epoch_end = False  # The agreed step ended an epoch: stop once it has ended.
+        # With data of unknown size, the agreed step may have been the epoch's last: the state
+        # is saved inside the epoch before the next step, and which it was shows next.
+        self._saved_before: tuple[int, int] | None = None
         self._watching = False
 
     def on_train_begin(self, logs=None):
@@ -66,7 +69,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
         task = (tasks.index((resolver.task_type, resolver.task_id))
                 if resolver is not None and resolver.task_type else 0)
         self._stop = preemption.StopStep(str(next(_runs)), task, max(1, len(tasks)))
-        self._steps, self._at_epoch_end = 0, False
+        self._steps, self._at_epoch_end, self._saved_before = 0, False, None
         self._watching = preemption.watch_signals(self.signals, self.grace_seconds)
         preemption.training(True)
 
@@ -76,16 +79,32 @@ class SaveOnPreemption(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._saved_before is not None:
+            # The epoch had this step too: the state saved before it is where the rerun goes
+            # on (this step's result is dropped with the process).
+            self._raise_preempted(*self._saved_before, saved=True)
         self._steps += 1
         stop_after = self._stop.stop_after(self._steps) if self._stop else None
         if stop_after is None or self._steps < stop_after:
             return
-        if batch + 1 >= (self.params.get("steps") or batch + 2):
+        steps = self.params.get("steps")
+        if steps is None:
+            # Data of unknown size: whether this step was the epoch's last shows only when
+            # Keras draws the next batch. Save now (every worker alike), then either the epoch
+            # ends (the epoch's own save replaces this one) or the next step ends the run.
+            self._saved_before = (self._epoch, batch + 1)
+            self._save_inside_epoch(*self._saved_before)
+            self._at_epoch_end = True
+            return
+        if batch + 1 >= steps:
             # The epoch's last step: its end (validation, callbacks, the epoch's save) runs
             # first, and training stops when the next epoch would begin.
             self._at_epoch_end = True
             return
         self._raise_preempted(self._epoch, batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._saved_before = None  # The saved step was the epoch's last: the epoch's end is.
 
     def on_train_end(self, logs=None):
         self._end()
@@ -99,23 +118,27 @@ class SaveOnPreemption(keras.callbacks.Callback):
             preemption.unwatch_signals()
             self._watching = False
 
-    def _raise_preempted(self, epoch: int, steps: int) -> None:
+    def _save_inside_epoch(self, epoch: int, steps: int) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.save_inside_epoch(epoch, steps)
+
+    def _raise_preempted(self, epoch: int, steps: int, saved: bool = False) -> None:
         name = preemption.notice_name() or "a peer's notice"
         if steps:
             where = f"epoch {epoch + 1} step {steps}"
         else:
             where = f"the end of epoch {epoch}"
         if self.checkpoint is None:
-            saved = f"stopped at {where}; nothing was saved (no checkpoint)"
-        elif steps:
-            saved = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
+            said = f"stopped at {where}; nothing was saved (no checkpoint)"
+        elif steps and not saved:
+            said = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
         else:
-            saved = f"state saved at {self.checkpoint.describe(epoch, 0)}"
+            said = f"state saved at {self.checkpoint.describe(epoch, steps)}"
         self._end()  # After the save: a second notice during it only records itself.
         after = (f", {preemption.seconds_since_notice():.1f} s after the notice"
                  if preemption.noticed() else "")
         stop = preemption.stopping(
-            f"Preempted ({name}): {saved}{after}; run the same command to resume.")
+            f"Preempted ({name}): {said}{after}; run the same command to resume.")
         exit_process = (preemption.exits_process() if self.exit_process is None
                         else self.exit_process)
         if exit_process:

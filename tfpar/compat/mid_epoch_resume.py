@@ -27,7 +27,10 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import logging
+
+from tfpar.errors import ConfigError
 
 _pending = threading.local()  # .step: where the next epoch iterated in this thread begins.
 
@@ -51,7 +54,14 @@ def wrap_enumerate_iterator(original: Callable) -> Callable:
         for begin, end, iterator in original(self):
             if begin < skip:  # Already trained before the restart: drawn, not trained on.
                 for _ in range(end - begin + 1):
-                    next(iterator)
+                    try:
+                        next(iterator)
+                    except (StopIteration, tf.errors.OutOfRangeError):
+                        raise ConfigError(
+                            f"The saved state resumes this epoch at step {skip}, but the data "
+                            f"has fewer batches in it. Resume with the data and batch "
+                            "size the state was saved with, or start over (resume=False)."
+                        ) from None
                 continue
             yield begin, end, iterator
 

@@ -10,12 +10,18 @@ as that epoch (resumed, it ran the epoch again), and every save after a resume c
 epochs from 0; the fix records the epochs finished. It also records the step inside the
 epoch a mid-epoch state resumes at, and the epoch's metrics until then (Keras saves the
 batch but never reads it): with :mod:`tfpar.compat.mid_epoch_resume`, a resumed ``fit``
-continues at that step.
+continues at that step. Last, ``save_weights`` leaves out two kinds of state a resume needs:
+the layers' random generators' states (a resumed Dropout drew the masks of the run's first
+steps again) and each replica's own copy of what replicas update apart (per-replica BatchNorm
+statistics, of which the weights file holds the first replica's): the fix records both in the
+metadata file and restores them after Keras loads the weights.
 
 Upstream: none found. Checked on Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15.
 Fails without it: ``tests/compat/keras_fixes_test.py`` (``BackupAndRestoreTest``:
 ``test_the_epochs_finished_are_recorded``,
-``test_a_worker_that_is_not_the_chief_leaves_the_backup_alone``).
+``test_a_worker_that_is_not_the_chief_leaves_the_backup_alone``) and
+``tests/end_to_end/exactness_test.py`` (the ``backup_and_restore_kill`` cells of the models
+with BatchNorm and Dropout).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import keras
 import numpy as np
 from absl import logging
 
+from tfpar import replica_copies
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
 
@@ -58,12 +65,14 @@ def _wrap_backup_save(original: Callable) -> Callable:
             self._current_epoch, self._last_batch_seen = epoch + 1, 0
         # Where the resumed run starts inside its epoch (0: at its start).
         next_step = 0 if self.save_freq == "epoch" or after_last_batch else batch + 1
-        # Read on every worker: a multi-worker strategy sums metric variables in a collective.
+        # Read on every worker: a multi-worker strategy sums metric variables in a collective,
+        # and gathers the replicas' own copies in one.
         metrics = mid_epoch_resume.metric_values(self.model)
+        state = _state_beyond_weights(self.model)
         try:
             if _writes_checkpoints(self):
                 saved = original(self)
-                _record_step(self._training_metadata_path, next_step, metrics)
+                _record_step(self._training_metadata_path, next_step, metrics, state)
                 return saved
             scratch = tempfile.mkdtemp(prefix="tfpar-backup-")
             kept = {name: getattr(self, name) for name in _BACKUP_PATHS}
@@ -82,16 +91,48 @@ def _wrap_backup_save(original: Callable) -> Callable:
 
 
 # Keys tfpar adds to BackupAndRestore's training_metadata.json: the step inside the saved epoch
-# the resumed run starts at, and the epoch's metric values until then.
+# the resumed run starts at, the epoch's metric values until then, the random generators'
+# states (``save_weights`` leaves them out) and the replicas' own copies of what they update
+# apart (:mod:`tfpar.replica_copies`).
 STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
+SEEDS_KEY, REPLICA_COPIES_KEY = "tfpar_seed_states", "tfpar_replica_copies"
 
 
-def _record_step(metadata_path: str, next_step: int, metrics: list[np.ndarray]) -> None:
-    """Adds the step and the metrics to Keras's metadata file, replaced as a whole."""
+def _seed_states(model: keras.Model) -> list[keras.Variable]:
+    """The model's variables that ``save_weights`` does not save: its layers' random
+    generators' states (Dropout's masks follow them)."""
+    saved = {id(v) for v in model.weights}
+    return [v for v in model.non_trainable_variables if id(v) not in saved]
+
+
+def _state_beyond_weights(model: keras.Model) -> dict[str, Any]:
+    """What a resume needs besides ``save_weights``'s file, as JSON-ready data."""
+    copies = replica_copies.gather(model)
+    return {SEEDS_KEY: [np.asarray(keras.ops.convert_to_numpy(v)).tolist()
+                        for v in _seed_states(model)],
+            REPLICA_COPIES_KEY: replica_copies.encode(copies)}
+
+
+def _restore_state_beyond_weights(model: keras.Model, metadata: dict[str, Any]) -> None:
+    seeds, saved = _seed_states(model), metadata.get(SEEDS_KEY, [])
+    if len(saved) == len(seeds):  # In order, as Keras matches the weights.
+        for variable, value in zip(seeds, saved):
+            variable.assign(np.asarray(value, dtype=variable.dtype))
+    elif saved:
+        logging.warning("BackupAndRestore: %d random generator states were saved, the model has "
+                        "%d; left as built.", len(saved), len(seeds))
+    replica_copies.scatter(model, replica_copies.decode(metadata.get(REPLICA_COPIES_KEY, {})))
+
+
+def _record_step(metadata_path: str, next_step: int, metrics: list[np.ndarray],
+                 state: dict[str, Any]) -> None:
+    """Adds the step, the metrics and the state beyond the weights to Keras's metadata file,
+    replaced as a whole."""
     with open(metadata_path, encoding="utf-8") as f:
         metadata = json.load(f)
     metadata[STEP_KEY] = next_step
     metadata[METRICS_KEY] = [v.tolist() for v in metrics]
+    metadata.update(state)
     partial = f"{metadata_path}.tfpar-partial"
     with open(partial, "w", encoding="utf-8") as f:
         json.dump(metadata, f)
@@ -106,6 +147,21 @@ def _wrap_backup_train_end(original: Callable) -> Callable:
         return None
 
     return on_train_end
+
+
+def _wrap_backup_load(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def _load_model(self):
+        loaded = original(self)
+        try:
+            with open(self._training_metadata_path, encoding="utf-8") as f:
+                metadata = json.load(f)
+        except (OSError, ValueError):
+            return loaded
+        _restore_state_beyond_weights(self.model, metadata)
+        return loaded
+
+    return _load_model
 
 
 def _wrap_backup_epoch_begin(original: Callable) -> Callable:
@@ -143,6 +199,9 @@ FIXES = (
         lambda: keras.callbacks.BackupAndRestore, "_save_model", _wrap_backup_save),
     Fix("backup_chief_deletes", "BackupAndRestore: only the chief deletes the backup at the end",
         lambda: keras.callbacks.BackupAndRestore, "on_train_end", _wrap_backup_train_end),
+    Fix("backup_state_beyond_weights", "BackupAndRestore: the random generators' states "
+        "(Dropout's masks) and each replica's own BatchNorm statistics are restored too",
+        lambda: keras.callbacks.BackupAndRestore, "_load_model", _wrap_backup_load),
     Fix("backup_epoch_count", "BackupAndRestore: saves after a resume record the epochs "
         "finished, not those since the resume",
         lambda: keras.callbacks.BackupAndRestore, "on_epoch_begin", _wrap_backup_epoch_begin),
