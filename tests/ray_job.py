@@ -1,11 +1,13 @@
 """A Ray Train job for ray_test: a user's train loop under TensorflowTrainer on a local Ray.
 
-``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs four trainers of 2
+``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs six trainers of 2
 workers: ``multi_worker``, ``multi_worker_allreduce``, and two ``multi_worker`` jobs whose
 worker 1 gets a signal at the start of epoch 2 of its first attempt, once Ray's controller has
 collected the epoch-1 checkpoint (it polls the workers every 2 s): ``killed`` (signal 9,
 restarted by Ray, ``FailureConfig(max_failures=1)``) and ``terminated`` (SIGTERM, as a
-scheduler's first notice). Each writes OUTDIR/NAME.json (the Result's metrics, its
+scheduler's first notice); then a model with BatchNorm reporting a state every step,
+uninterrupted (``batchnorm``) and killed after epoch 2's second step
+(``batchnorm_killed_mid_epoch``). Each writes OUTDIR/NAME.json (the Result's metrics, its
 checkpoint's folder, the epoch each attempt started at) and OUTDIR/NAME.npz (the final weights).
 Run it in a private network namespace: Ray then puts 127.0.0.1 in TF_CONFIG.
 """
@@ -31,10 +33,11 @@ def data():
             rng.normal(size=(48, 6)).astype("float32"))
 
 
-def user_model():
+def user_model(batchnorm: bool = False):
     import keras
 
     model = keras.Sequential([keras.Input((13,)), keras.layers.Dense(8, activation="relu"),
+                              *([keras.layers.BatchNormalization()] if batchnorm else []),
                               keras.layers.Dense(6)])
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
     return model
@@ -48,9 +51,14 @@ def train_loop_per_worker(config):
 
     strategy = tfpar.strategies.get(config["entry"])
     with strategy.scope():
-        model = user_model()
-    model.set_weights(list(np.load(config["initial"]).values()))
-    report = tfpar.ray.ReportCheckpointCallback(model, strategy)
+        model = user_model(config["every"] is not None)
+    if config["every"] is None:
+        model.set_weights(list(np.load(config["initial"]).values()))
+    else:  # Each replica's own BatchNorm statistics, reported every step too.
+        keras.utils.set_random_seed(0)
+        model.set_weights([np.asarray(w) for w in user_model(True).get_weights()])
+    report = tfpar.ray.ReportCheckpointCallback(model, strategy,
+                                                save_every_steps=config["every"])
     initial_epoch = report.restore()
     rank = ray.train.get_context().get_world_rank()
     with open(os.path.join(config["out"], f"{config['name']}.starts"), "a") as f:
@@ -58,8 +66,17 @@ def train_loop_per_worker(config):
 
     class KillOnce(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            if not config["every"]:
+                self.kill()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if config["every"] and batch == 1:  # After the report of epoch 2's second step.
+                self.kill()
+
+        def kill(self):
             marker = os.path.join(config["out"], f"{config['name']}.signalled")
-            if config["kill"] and rank == 1 and epoch == 1 and not os.path.exists(marker):
+            if config["kill"] and rank == 1 and self.epoch == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
                 time.sleep(5)  # Ray's controller collects reports every 2 s.
                 os.kill(os.getpid(), config["kill"])
@@ -100,14 +117,18 @@ def record_keras_versions(path: str) -> None:
 
 def main(initial: str, out: str) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    for name, entry, kill in (("multi_worker", "multi_worker", 0),
-                              ("multi_worker_allreduce", "multi_worker_allreduce", 0),
-                              ("killed", "multi_worker", 9),
-                              ("terminated", "multi_worker", 15)):
+    for name, entry, kill, every in (
+            ("multi_worker", "multi_worker", 0, None),
+            ("multi_worker_allreduce", "multi_worker_allreduce", 0, None),
+            ("killed", "multi_worker", 9, None),
+            ("terminated", "multi_worker", 15, None),
+            # A BatchNorm model reporting every step; killed after epoch 2's second step.
+            ("batchnorm", "multi_worker_allreduce", 0, 1),
+            ("batchnorm_killed_mid_epoch", "multi_worker_allreduce", 9, 1)):
         trainer = TensorflowTrainer(
             train_loop_per_worker,
             train_loop_config={"entry": entry, "initial": initial, "out": out, "name": name,
-                               "kill": kill},
+                               "kill": kill, "every": every},
             scaling_config=ScalingConfig(num_workers=2),
             run_config=RunConfig(storage_path=os.path.join(out, "store"), name=name,
                                  failure_config=FailureConfig(max_failures=1 if kill else 0)))

@@ -123,6 +123,22 @@ class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
         for want, got in zip(uninterrupted, resumed):
             self.assertAllEqual(want, got)
 
+    def test_a_state_reported_inside_an_epoch_resumes_at_its_step_exactly(self):
+        # Reported every step; worker 1 killed after epoch 2's second step: Ray restarts the
+        # group from that state, which resumes epoch 2 at its third step with each replica's
+        # own BatchNorm statistics, and ends as the uninterrupted job, bit for bit.
+        result = self.result("batchnorm_killed_mid_epoch")
+        self.assertEqual(result["starts"], ["0 0", "0 1", "1 0", "1 1"], self.output[-3000:])
+        self.assertIsNone(result["error"])
+        uninterrupted = list(np.load(os.path.join(self.out, "batchnorm.npz")).values())
+        resumed = list(np.load(os.path.join(self.out, "batchnorm_killed_mid_epoch.npz")).values())
+        self.assertLen(resumed, 8)  # Dense (2), BatchNorm (4), Dense (2).
+        for want, got in zip(uninterrupted, resumed):
+            self.assertAllEqual(want, got)
+        checkpoints = sorted(n for n in os.listdir(os.path.dirname(
+            self.result("batchnorm")["checkpoint"])) if n.startswith("epoch_"))
+        self.assertIn("epoch_000001_step_000002", checkpoints)
+
     def test_a_sigterm_to_a_ray_worker_is_swallowed_and_training_goes_on(self):
         # Ray runs the train loop in a thread that is not the process's main thread, so no
         # Python handler can take the signal there; TensorFlow's coordination service, set up

@@ -18,6 +18,12 @@ job Ray restarts needs, which :class:`ReportCheckpointCallback` here does:
 - every worker saves and reports a copy of the same state; here the chief reports it, the
   others report the metrics alone (Ray asks every worker to report the same number of times).
 
+Under Ray Train a scheduler's SIGTERM does not reach the training (Ray's controller handles the
+worker group), so a restart resumes from the last state reported. With ``save_every_steps=N``
+a state is also reported every N steps inside an epoch, and a restart resumes at the step
+after it, with each replica's own BatchNorm statistics and the partial epoch's metrics, as a
+resume from a notice does (:class:`tfpar.callbacks.EpochCheckpoint`).
+
 Install with ``pip install "tfpar[ray]"``.
 """
 
@@ -41,7 +47,8 @@ except ImportError:  # Said in one line; the example turns it into its exit mess
                       "\"tfpar[ray]\" (or pip install -e \".[ray]\" in a checkout).") from None
 
 CHECKPOINT_PREFIX = "epoch_"
-""": The prefix of the checkpoint folders reported to Ray (``epoch_000003``: after 3 epochs)."""
+""": The prefix of the checkpoint folders reported to Ray (``epoch_000003``: after 3 epochs;
+``epoch_000003_step_000020``: after step 20 of the fourth)."""
 
 
 class ReportCheckpointCallback(keras.callbacks.Callback):
@@ -60,16 +67,27 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
             name: log name}``. ``epoch`` (the number of finished epochs) is always reported.
         made_with: What the state is made with (see :class:`~tfpar.callbacks.EpochCheckpoint`);
             a restore into a model made with something else is refused with the difference.
+        save_every_steps: Also report a state every this many steps inside an epoch (``None``:
+            at the end of each epoch only). Each report costs a save: choose N so that a save
+            takes a small share of N steps.
 
     Raises:
         ConfigError: From :meth:`restore`, if the checkpoint was made with something else.
+        ValueError: If ``save_every_steps`` is not a positive integer.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
                  metrics: list[str] | dict[str, str] | None = None,
-                 made_with: dict[str, Any] | None = None):
+                 made_with: dict[str, Any] | None = None,
+                 save_every_steps: int | None = None):
         super().__init__()
-        self._metrics = metrics
+        if save_every_steps is not None and (
+                isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int)
+                or save_every_steps < 1):
+            raise ValueError("save_every_steps must be a positive integer (or None: at epoch "
+                             f"ends only). Received: {save_every_steps!r}.")
+        self._metrics, self._every = metrics, save_every_steps
+        self._epoch = 0
         self._chief = cluster_spec.is_chief(strategy)
         self._local = tempfile.mkdtemp(prefix="tfpar-ray-")  # Ray uploads it at each epoch.
         weakref.finalize(self, shutil.rmtree, self._local, True)
@@ -81,7 +99,8 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
 
         Returns:
             The number of epochs it had finished (0 without a checkpoint): ``fit``'s
-            ``initial_epoch``.
+            ``initial_epoch``. A state reported inside an epoch resumes that epoch at the
+            next step when ``fit`` begins it with this callback.
         """
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
@@ -90,14 +109,41 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
             shutil.copytree(directory, self._local, dirs_exist_ok=True)
         return self._state.restore()
 
-    def _reported(self, logs: dict[str, Any], epochs: int) -> dict[str, Any]:
+    def _reported(self, logs: dict[str, Any], epochs: int,
+                  partial: bool = False) -> dict[str, Any]:
+        """The chosen logs (inside an epoch, those it has: no validation yet) and ``epoch``."""
         if self._metrics is None:
             chosen = dict(logs)
-        elif isinstance(self._metrics, dict):
-            chosen = {name: logs[log] for name, log in self._metrics.items()}
         else:
-            chosen = {name: logs[name] for name in self._metrics}
+            names = (self._metrics if isinstance(self._metrics, dict)
+                     else {name: name for name in self._metrics})
+            chosen = {name: logs[log] for name, log in names.items()
+                      if not partial or log in logs}
         return {**{name: float(value) for name, value in chosen.items()}, "epoch": epochs}
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._state.set_model(model)
+
+    def on_train_begin(self, logs=None):
+        self._state.on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._state.on_epoch_begin(epoch, logs)  # A restored state resumes at its step.
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = batch + 1
+        if not self._every or steps % self._every or steps == self.params.get("steps"):
+            return  # (The epoch's last step is reported at its end.)
+        self._state.save_inside_epoch(self._epoch, steps)  # Every worker; the chief writes.
+        metrics = {**self._reported(dict(logs or {}), self._epoch, partial=True), "step": steps}
+        if self._chief:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
+                self._local), checkpoint_dir_name=(
+                    f"{CHECKPOINT_PREFIX}{self._epoch:06d}_step_{steps:06d}"))
+        else:
+            ray.train.report(metrics)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
