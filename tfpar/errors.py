@@ -8,7 +8,40 @@ its flags, says ``--data_dir`` (:meth:`TfparError.render`).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+
+
+class ExitStatus(enum.IntEnum):
+    """Every status tfpar's programs (``tfpar-train``, ``-benchmark``, ``-env``, ``-launch``)
+    end with, besides 128 + N for a process killed by signal N (which the launcher passes on
+    for a worker killed so).
+
+    Chosen so that a scheduler's script can tell what to do: run again as it is (85), run
+    again after fixing what the line said (2), after the machines or the folder are back (69,
+    74), at once with other ports (75).
+    """
+
+    SUCCESS = 0
+    """Done."""
+    CRASHED = 1
+    """An unexpected failure: Python's traceback says where (a bug, or TensorFlow's own)."""
+    BAD_INPUT = 2
+    """Bad input, said in one line: the same command fails the same way again."""
+    PEER_UNAVAILABLE = 69
+    """A peer worker did not come up, or stopped answering (EX_UNAVAILABLE)."""
+    STATE_NOT_SAVED = 74
+    """The training state could not be written; the last one saved is intact (EX_IOERR)."""
+    PORT_TAKEN = 75
+    """A worker's port was taken by another program (EX_TEMPFAIL)."""
+    PREEMPTED = 85
+    """Stopped for a preemption notice after saving: run the same command to resume."""
+    INTERRUPTED = 130
+    """Stopped by Ctrl-C (or SIGTERM where it is no preemption notice)."""
+
+
+SIGNALLED = 128
+"""A process killed by signal N ends with ``SIGNALLED + N`` (137 for SIGKILL), as shells say."""
 
 
 class TfparError(ValueError):
@@ -24,7 +57,7 @@ class TfparError(ValueError):
         argument: The argument at fault, or ``None``.
     """
 
-    exit_status = 2
+    exit_status: int = ExitStatus.BAD_INPUT
 
     def __init__(self, message: str, *, argument: str | None = None):
         self.template, self.argument = message, argument
@@ -65,19 +98,28 @@ class ClusterError(TfparError):
 class PortTakenError(ClusterError):
     """This worker's port is in use by another program (a launcher retries with new ports)."""
 
-    exit_status = 75  # EX_TEMPFAIL: trying again (with other ports) may succeed.
+    exit_status = ExitStatus.PORT_TAKEN  # Trying again (with other ports) may succeed.
 
 
 class PeerUnreachableError(ClusterError):
     """A peer of the cluster did not come up (or its packets went nowhere) within the wait."""
 
-    exit_status = 69  # EX_UNAVAILABLE: the job can run once every worker is up.
+    exit_status = ExitStatus.PEER_UNAVAILABLE  # The job can run once every worker is up.
 
 
 class PeerLostError(ClusterError):
-    """A worker of a multi-worker job stopped answering during training."""
+    """A worker of a multi-worker job stopped answering during training.
 
-    exit_status = 69  # EX_UNAVAILABLE: the job can be resumed once every worker runs again.
+    Args:
+        message: The one line.
+        unresponsive: The indices of the workers that stopped answering, where known.
+    """
+
+    exit_status = ExitStatus.PEER_UNAVAILABLE  # Resumable once every worker runs again.
+
+    def __init__(self, message: str, *, unresponsive: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.unresponsive = tuple(unresponsive)
 
 
 class StateNotSavedError(TfparError):
@@ -85,7 +127,7 @@ class StateNotSavedError(TfparError):
     that became read-only); the previously saved epoch is intact and is where a rerun
     resumes."""
 
-    exit_status = 74  # EX_IOERR: the job can be resumed once the folder takes writes again.
+    exit_status = ExitStatus.STATE_NOT_SAVED  # Resumable once the folder takes writes again.
 
 
 class NonFiniteLossError(TfparError):

@@ -123,15 +123,16 @@ class ElasticLauncherTest(tf.test.TestCase):
         self.assertIn("[worker 1] slot 2 rank 1 of 2", output)
 
     def test_the_worker_a_peer_says_stopped_answering_is_the_one_lost(self):
-        # Worker 0 says worker 2 stopped answering and exits as tfpar's programs do (69): the
-        # launcher blames slot 2, not the messenger.
+        # Worker 0 finds worker 2 stopped answering and exits as tfpar's programs do (69, its
+        # stop record naming worker 2; no line needed, none racing its exit): the launcher
+        # blames slot 2, not the messenger.
         code = ("import json, os, sys, time\n"
+                "from tfpar.cluster import protocol\n"
                 "slot = int(os.environ['TFPAR_WORKER_SLOT'])\n"
                 "if slot == 0 and not os.path.exists(sys.argv[1]):\n"
                 "    time.sleep(1)\n"
                 "    open(sys.argv[1], 'w').close()\n"
-                "    print('Error: Worker 2 stopped answering, so TensorFlow aborted the job\\'s "
-                "collectives. Check ...', flush=True)\n"
+                "    protocol.record_stop(69, 'Worker 2 stopped answering', unresponsive=[2])\n"
                 "    sys.exit(69)\n"
                 "time.sleep(0 if slot != 2 or os.path.exists(sys.argv[1]) else 30)\n")
         out = io.StringIO()

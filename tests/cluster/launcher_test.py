@@ -20,6 +20,7 @@ from absl.testing import parameterized
 
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
+from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -238,23 +239,36 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(status, 2)
         self.assertNotIn("restart", out.getvalue())
 
-    def test_the_last_saved_epoch_is_read_from_checkpoint_state_files(self):
+    def test_progress_is_read_from_this_commands_run_folder_only(self):
         model_dir = self.get_temp_dir()
-        for run, state in (("mirrored_1_devices", 'model_checkpoint_path: "ckpt-3"\n'
-                                                  'all_model_checkpoint_paths: "ckpt-2"\n'),
-                           ("multi_worker_1_devices", 'model_checkpoint_path: "/x/ckpt-5"\n')):
-            os.makedirs(os.path.join(model_dir, run))
+
+        def save(run, index, positions=None):
+            os.makedirs(os.path.join(model_dir, run), exist_ok=True)
             with open(os.path.join(model_dir, run, "checkpoint"), "w") as f:
-                f.write(state)
-        self.assertEqual(launcher.last_saved_epoch(model_dir), 5)
-        self.assertEqual(launcher.last_saved_epoch(os.path.join(model_dir, "none")), 0)
-        # With tfpar's positions file, checkpoints are numbered by step and mapped to positions.
-        with open(os.path.join(model_dir, "mirrored_1_devices", "positions.json"), "w") as f:
-            f.write('{"ckpt-2": [1, 0], "ckpt-3": [1, 7]}')
-        with open(os.path.join(model_dir, "multi_worker_1_devices", "checkpoint"), "w") as f:
-            f.write('model_checkpoint_path: "/x/ckpt-1"\n')
-        self.assertEqual(launcher.last_saved_position(model_dir), (1, 7))
-        self.assertEqual(launcher.last_saved_epoch(model_dir), 1)
+                f.write(index)
+            if positions is not None:
+                with open(os.path.join(model_dir, run, "positions.json"), "w") as f:
+                    f.write(positions)
+
+        command = ["tfpar-train", "--strategy=multi_worker", f"--model_dir={model_dir}"]
+        runs = launcher.run_folders(command)
+        self.assertEqual(runs, ["", "multi_worker_1_devices"])
+        self.assertEqual(protocol.last_saved_position(model_dir, runs), (0, 0))
+        # Checkpoints are numbered by step and mapped to positions by tfpar's positions file.
+        save("multi_worker_1_devices", 'model_checkpoint_path: "/x/ckpt-30"\n',
+             '{"ckpt-15": [1, 0], "ckpt-30": [1, 7]}')
+        # Another command's run further on, a worker's scratch folder and an older state
+        # without positions (its ckpt-50 says nothing about epochs) are never read.
+        save("mirrored_1_devices", 'model_checkpoint_path: "ckpt-60"\n',
+             '{"ckpt-60": [4, 0]}')
+        save(".worker_worker_1", 'model_checkpoint_path: "ckpt-50"\n')
+        save("", 'model_checkpoint_path: "ckpt-50"\n')
+        self.assertEqual(protocol.last_saved_position(model_dir, runs), (1, 7))
+        self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
+                                               "--num_devices=1,2"]),
+                         ["", "allreduce_1_devices", "allreduce_2_devices"])
+        self.assertEqual(launcher.run_folders(["t.py", "--devices=CPU:0,CPU:1"]),
+                         ["", "mirrored_2_devices"])
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir=e"]), "e")
         self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))
@@ -397,7 +411,8 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                       "other workers.", rest)
         self.assertRegex(rest, r"launcher: restart 1 of 1: starting every worker again, "
                                r"resuming from epoch [12] in ")
-        self.assertEqual(launcher.last_saved_epoch(model_dir), 3)
+        self.assertEqual(protocol.last_saved_position(
+            model_dir, ["multi_worker_1_devices"])[0], 3)
         # Well before TensorFlow's own 10 s would have ended it: the option took effect.
         self.assertLess(said_after, 9)
         self.assertRegex(rest, r"\[worker 0\] Error: Worker 1 stopped answering, so TensorFlow "

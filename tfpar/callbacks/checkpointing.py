@@ -32,6 +32,7 @@ from absl import logging
 from tfpar import atomic_io
 from tfpar import replica_copies
 from tfpar.cluster import preemption
+from tfpar.cluster import protocol
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
@@ -67,7 +68,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
     MADE_WITH_FILE = "made_with.json"
     # Each checkpoint's position ({"ckpt-N": [epochs finished, steps of the next epoch]}),
     # written before the checkpoint (so a launcher reads it without TensorFlow).
-    POSITIONS_FILE = "positions.json"
+    POSITIONS_FILE = protocol.POSITIONS_FILE
     # Every saved epoch's logs (loss, metrics, test accuracy), so that a resumed run reports
     # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
@@ -336,7 +337,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 f"{self._write_dir} "
                 f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
                 "make it writable) and run again to resume.") from None
-        preemption.saved(self.describe(epochs, steps))
+        preemption.saved(self.describe(epochs, steps), (epochs, steps))
         if self._chief:
             if steps:
                 logging.info("Saved training state at epoch %d step %d to %s", epochs + 1, steps,

@@ -18,8 +18,10 @@ from absl import app
 from absl import flags
 
 from tfpar import config_fields
-from tfpar.cluster import preemption
+from tfpar.cluster import protocol
+from tfpar.cluster import signal_router
 from tfpar.errors import ConfigError
+from tfpar.errors import ExitStatus
 from tfpar.errors import TfparError
 
 if TYPE_CHECKING:
@@ -61,14 +63,25 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         _end_if_stuck_after_signal()
         _running.set()
         try:
-            return main(argv)
+            result = main(argv)
+            protocol.record_stop(ExitStatus.SUCCESS)
+            return result
         except TfparError as e:
-            print(f"Error: {e.render(lambda a: flag_name(a, aliases))}", file=sys.stderr)
+            line = f"Error: {e.render(lambda a: flag_name(a, aliases))}"
+            print(line, file=sys.stderr)
+            protocol.record_stop(e.exit_status, line,
+                                 unresponsive=getattr(e, "unresponsive", ()))
             sys.exit(e.exit_status)
         except KeyboardInterrupt:
             print(INTERRUPTED, file=sys.stderr, flush=True)
             _reported.set()
-            sys.exit(130)
+            protocol.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
+            sys.exit(ExitStatus.INTERRUPTED)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            protocol.record_stop(ExitStatus.CRASHED, f"{type(e).__name__}: {e}")
+            raise
         finally:
             _running.clear()
             signal.signal(signal.SIGTERM, previous)
@@ -93,7 +106,8 @@ def _end_if_stuck_after_signal() -> None:
             if not _reported.is_set():
                 print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)",
                       file=sys.stderr, flush=True)
-            os._exit(130)
+            protocol.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
+            os._exit(ExitStatus.INTERRUPTED)
 
     def on_arrival(signum: int) -> None:
         # Only where the signal interrupts (a preemption notice, or the launcher's own
@@ -102,7 +116,7 @@ def _end_if_stuck_after_signal() -> None:
                                                               signal.default_int_handler):
             threading.Thread(target=end_later, name="tfpar-stop-watch", daemon=True).start()
 
-    preemption.on_arrival(on_arrival)
+    signal_router.on_arrival(on_arrival)
 
 
 def grouped_help(doc: str, groups: dict[str, tuple[str, ...]]) -> str:

@@ -46,6 +46,11 @@ flags.DEFINE_bool("resumes_itself", False,
                   "The command resumes by itself when started again (your script with Keras's "
                   "BackupAndRestore or tfpar's EpochCheckpoint): --max_restarts needs no "
                   "--model_dir in it.")
+flags.DEFINE_integer("gpus_per_worker", None,
+                     "GPUs each worker gets of this host's (CUDA_VISIBLE_DEVICES, else those "
+                     "nvidia-smi lists), through its CUDA_VISIBLE_DEVICES: by default the host's "
+                     "GPUs divided evenly among the workers; 0 runs them on the CPU. On a host "
+                     "without GPUs nothing is given.")
 flags.DEFINE_bool("all_output", False,
                   "Every worker prints its progress bars and report; by default only the chief "
                   "(worker 0) does, the others print warnings and errors.")
@@ -55,13 +60,14 @@ def main(argv: list[str]) -> None:
     """Launches ``argv[1:]`` (the command after ``--``) as the workers; exits with their
     status."""
     if len(argv) < 2:
-        raise ConfigError("Give the command to run after '--', e.g. -- python scripts/train.py "
+        raise ConfigError("Give the command to run after '--', e.g. -- tfpar-train "
                           "--strategy=multi_worker.")
     fewest, most = elastic.parse_worker_range(FLAGS.num_workers)
     sys.exit(launcher.launch(argv[1:], most, FLAGS.host,
                              all_output=FLAGS.all_output, network=FLAGS.network,
                              max_restarts=FLAGS.max_restarts,
-                             resumes_itself=FLAGS.resumes_itself, min_workers=fewest))
+                             resumes_itself=FLAGS.resumes_itself, min_workers=fewest,
+                             gpus_per_worker=FLAGS.gpus_per_worker))
 
 
 def run() -> None:

@@ -21,8 +21,9 @@ from tfpar.allreduce.options import StepOptions
 from tfpar.cli import common
 from tfpar.cli import config_flags
 from tfpar.cli import train_report as report
-from tfpar.cluster import launcher
+from tfpar.cluster import gpus
 from tfpar.cluster import preemption
+from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.strategies.cross_device_ops import ReductionOptions
@@ -84,6 +85,9 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     """
     device_sets = ([FLAGS.devices] if FLAGS.devices
                    else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
+    given = _gpus_given()
+    if given and not FLAGS.devices and not FLAGS["num_devices"].present:
+        device_sets = [given]  # A launched worker trains on the GPUs it was given.
     values = {}
     for group in OPTION_GROUPS:  # Each option group checks its values on construction.
         values.update(dataclasses.asdict(group(**config_flags.values(group))))
@@ -92,8 +96,15 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     config = config_lib.TrainConfig(
         **{**config_flags.values(config_lib.TrainConfig, exclude=_NOT_FLAGS), "strategy": choice},
         # The launcher's --all_output reaches the workers through their environment.
-        chief_only_progress=os.environ.get(launcher.ALL_OUTPUT_ENV) != "1")
+        chief_only_progress=os.environ.get(protocol.ALL_OUTPUT_ENV) != "1")
     return config, device_sets
+
+
+def _gpus_given() -> int:
+    """How many GPUs tfpar's launcher gave this worker (0: not launched by it, or none)."""
+    if protocol.SLOT_ENV not in os.environ:
+        return 0
+    return len(gpus.visible_gpus(os.environ, which=lambda _: None))
 
 
 def main(argv: list[str]) -> None:

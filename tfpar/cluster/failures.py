@@ -36,6 +36,11 @@ def lost_peers(message: str) -> list[str] | None:
     return tasks
 
 
+def worker_indices(tasks: list[str]) -> tuple[int, ...]:
+    """The indices of the ``worker`` tasks among ``tasks`` (from :func:`lost_peers`)."""
+    return tuple(int(task.split()[1]) for task in tasks if task.split()[0] == "worker")
+
+
 def peer_lost_message(tasks: list[str], saved: str) -> str:
     """The one line a worker prints when a peer stopped answering.
 
@@ -47,15 +52,3 @@ def peer_lost_message(tasks: list[str], saved: str) -> str:
     return (f"{who[0].upper()}{who[1:]} stopped answering, so TensorFlow aborted the job's "
             "collectives. Check that every worker's process is still running (not stopped, "
             f"killed or out of memory) and the network between the workers. {saved}")
-
-
-_SAID_LOST = re.compile(r"^(?:Error: )?((?:worker \d+)(?: and worker \d+)*) stopped answering, "
-                        r"so TensorFlow aborted", re.I)
-
-
-def workers_said_lost(line: str) -> list[int]:
-    """The workers a line of :func:`peer_lost_message` names (``[1]`` for "Worker 1 stopped
-    answering, ..."), empty for any other line: how a launcher learns which worker a peer's
-    failure is about."""
-    said = _SAID_LOST.match(line.strip())
-    return [int(n) for n in re.findall(r"\d+", said.group(1))] if said else []

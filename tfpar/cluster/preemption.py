@@ -35,10 +35,13 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from tfpar.cluster import protocol
+from tfpar.cluster import signal_router
 from tfpar.compat import coordination_values
 from tfpar.errors import ConfigError
+from tfpar.errors import ExitStatus
 
-PREEMPTED_EXIT_STATUS = 85
+PREEMPTED_EXIT_STATUS = int(ExitStatus.PREEMPTED)
 """The status a process exits with after stopping for a notice ("preempted: run again to resume").
 """
 DEFAULT_GRACE_SECONDS = 25.0
@@ -103,43 +106,39 @@ class _Notices:
         self.arrived_at = 0.0  # time.monotonic() of the first notice.
         self.stopping = threading.Event()  # The process said why it stops; the budget is quiet.
         self.last_saved: str | None = None  # The last complete state, in words.
+        self.last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
         self.training = 0  # Training loops under way that will stop at a step boundary.
         # Each watch_signals: the signals and budget before it, and the handlers it replaced.
         self.watches: list[tuple[tuple[signal.Signals, ...], float, dict, bool]] = []
         self.exit_process = False  # See watch_signals.
-        self.listeners: list[Callable[[int], None]] = []
-        self.reader_started = False
-        self.read_end: int | None = None  # The wakeup descriptor's reading end.
+        self.listening = False  # Arrivals reach record() through the signal router.
         self.lock = threading.Lock()
         self.generation = 0  # Counts resets: a budget started before one ends nothing.
 
     def reset(self) -> None:
         with self.lock:
             self.generation += 1
-            if self.read_end is not None:  # Arrivals not read yet belong to the old notice.
-                os.set_blocking(self.read_end, False)
-                try:
-                    while os.read(self.read_end, 64):
-                        pass
-                except OSError:
-                    pass
-                finally:
-                    os.set_blocking(self.read_end, True)
             self.arrived.clear()
             self.stopping.clear()
             self.name, self.arrived_at, self.last_saved = "", 0.0, None
+            self.last_position = None
 
-    def record(self, signum: int, generation: int | None = None) -> None:
+    def record(self, signum: int, blocking: bool = True) -> None:
         """Called from the signal's arrival (any thread): records the first notice and starts
-        the grace budget; an arrival read before a :meth:`reset` (``generation`` older) is
-        the notice already handled, not a new one."""
-        with self.lock:
-            if self.arrived.is_set() or generation not in (None, self.generation):
+        the grace budget. From a signal handler (``blocking=False``) it never waits for the
+        lock: the main thread may hold it where the handler interrupted it, and the router's
+        thread records the same arrival anyway."""
+        if not self.lock.acquire(blocking=blocking):
+            return
+        try:
+            if self.arrived.is_set():
                 return
             self.name = signal.Signals(signum).name
             self.arrived_at = time.monotonic()
             self.arrived.set()
             generation = self.generation
+        finally:
+            self.lock.release()
         threading.Thread(target=self._end_when_budget_is_spent, args=(generation,),
                          name="tfpar-preemption-budget", daemon=True).start()
 
@@ -153,9 +152,10 @@ class _Notices:
         if not self.stopping.is_set():
             saved = (f"{self.last_saved} is intact and is where a rerun resumes"
                      if self.last_saved else "nothing was saved before")
-            print(f"Preempted ({self.name}): the state could not be saved within the "
-                  f"{self.grace_seconds:g} s grace budget; {saved}.", file=sys.stderr,
-                  flush=True)
+            line = (f"Preempted ({self.name}): the state could not be saved within the "
+                    f"{self.grace_seconds:g} s grace budget; {saved}.")
+            print(line, file=sys.stderr, flush=True)
+            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self.last_position)
         os._exit(PREEMPTED_EXIT_STATUS)
 
 
@@ -163,43 +163,27 @@ _notices = _Notices()
 
 
 def _on_signal(signum, frame):
-    """The Python-level handler of a notice signal (runs in the main thread)."""
-    _notices.record(signum)
+    """The Python-level handler of a notice signal (runs in the main thread). It never blocks
+    (see :meth:`_Notices.record`)."""
+    _notices.record(signum, blocking=False)
     if not _notices.training:  # No training loop will stop at a step: stop here.
         saved = (f"{_notices.last_saved} is where a rerun resumes" if _notices.last_saved
                  else "no training step had run since the start, so nothing new was to be saved")
-        raise stopping(f"Preempted ({_notices.name}) outside training: {saved}.")
+        name = _notices.name or signal.Signals(signum).name
+        raise stopping(f"Preempted ({name}) outside training: {saved}.")
 
 
-def _read_arrivals(read_end: int) -> None:
-    """Learns of every handled signal as it arrives, even while the main thread is inside
-    TensorFlow (where Python handlers wait): Python's C-level handler writes each signal's
-    number to the wakeup descriptor."""
-    while True:
-        generation = _notices.generation
-        signum = os.read(read_end, 1)[0]
-        if signum in _notices.signals:
-            _notices.record(signum, generation)
-        for listener in list(_notices.listeners):
-            listener(signum)
+def _on_arrival(signum: int) -> None:
+    """Learns of every notice as it arrives, from the signal router's thread, even while the
+    main thread is inside TensorFlow (where Python handlers wait)."""
+    if signum in _notices.signals:
+        _notices.record(signum)
 
 
-def on_arrival(listener: Callable[[int], None]) -> None:
-    """Calls ``listener(signum)`` from a thread of its own as soon as any signal that has a
-    Python handler arrives (e.g. to end a process stuck after Ctrl-C). Main thread only."""
-    _start_reader()
-    _notices.listeners.append(listener)
-
-
-def _start_reader() -> None:
-    if _notices.reader_started:
-        return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    threading.Thread(target=_read_arrivals, args=(read_end,), name="tfpar-signals",
-                     daemon=True).start()
-    _notices.reader_started, _notices.read_end = True, read_end
+def _start_listening() -> None:
+    if not _notices.listening:
+        signal_router.on_arrival(_on_arrival)
+        _notices.listening = True
 
 
 def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS, *,
@@ -226,7 +210,7 @@ def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_S
         logging.info("Preemption notices are not watched: signal handlers can be set in the "
                      "main thread only.")
         return False
-    _start_reader()
+    _start_listening()
     _notices.watches.append((_notices.signals, _notices.grace_seconds,
                              {s: signal.signal(s, _on_signal) for s in signals},
                              _notices.exit_process))
@@ -268,16 +252,19 @@ def seconds_since_notice() -> float:
     return time.monotonic() - _notices.arrived_at if noticed() else 0.0
 
 
-def saved(description: str) -> None:
-    """Records the last complete state, in words (``"epoch 2 step 17 in DIR"``), for the
-    line the grace budget prints if the process must end before the next save is done."""
-    _notices.last_saved = description
+def saved(description: str, position: tuple[int, int] | None = None) -> None:
+    """Records the last complete state, in words (``"epoch 2 step 17 in DIR"``) and as
+    ``(epochs finished, steps of the next epoch)``, for the line the grace budget prints if the
+    process must end before the next save is done, and for the process's stop record."""
+    _notices.last_saved, _notices.last_position = description, position
 
 
 def stopping(message: str) -> Preempted:
-    """Prints ``message`` (the process's one line) and returns the exception to raise."""
+    """Prints ``message`` (the process's one line), records the stop for a launcher
+    (:func:`tfpar.cluster.protocol.record_stop`) and returns the exception to raise."""
     _notices.stopping.set()
     print(message, file=sys.stderr, flush=True)
+    protocol.record_stop(PREEMPTED_EXIT_STATUS, message, position=_notices.last_position)
     return Preempted(message)
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from tfpar.cluster import gpus
 from tfpar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -97,18 +97,7 @@ def gpus_on_node(environ: Mapping[str, str],
                  which: Callable[[str], str | None] = shutil.which) -> int:
     """How many GPUs this node shows the task: ``CUDA_VISIBLE_DEVICES`` when set, else what
     ``nvidia-smi --list-gpus`` lists where it is installed, else none."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    program = which("nvidia-smi")
-    if program is None:
-        return 0
-    try:
-        listed = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
-                                timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0  # A driver that does not answer gives the task no GPU, as none would.
-    return sum(line.startswith("GPU ") for line in listed.splitlines())
+    return len(gpus.visible_gpus(environ, which))
 
 
 def resolver(environ: Mapping[str, str] | None = None

@@ -29,6 +29,7 @@ from tfpar.callbacks.profiling import ProfileSteps
 from tfpar.callbacks.timing import EpochTimer
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
+from tfpar.cluster import protocol
 from tfpar.cluster import spec as cluster_spec
 from tfpar.data import loading
 from tfpar.data import pipelines
@@ -295,8 +296,8 @@ def _fit(model: keras.Model, train: tf.data.Dataset, fit_args: dict[str, Any],
         tasks = failures.lost_peers(e.message) if cluster_spec.is_multi_worker(strategy) else None
         if tasks is None:
             raise
-        raise PeerLostError(failures.peer_lost_message(tasks, _resume_point(config, checkpoint))
-                            ) from None
+        raise PeerLostError(failures.peer_lost_message(tasks, _resume_point(config, checkpoint)),
+                            unresponsive=failures.worker_indices(tasks)) from None
 
 
 def _optimizer(config: TrainConfig, rate: Any) -> keras.optimizers.Optimizer:
@@ -338,7 +339,7 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
 
 def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
     """The folder of one device set's run under ``root`` (``model_dir`` or ``logdir``)."""
-    return os.path.join(root, f"{strategy_name}_{num_devices}_devices")
+    return os.path.join(root, protocol.run_folder_name(strategy_name, num_devices))
 
 
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,

@@ -1,0 +1,88 @@
+"""Which GPUs a host shows, and each local worker's own share of them.
+
+A launcher that starts N workers on a host with G GPUs gives each its own G // N of them through
+``CUDA_VISIBLE_DEVICES``, as ``horovodrun`` and ``torchrun`` users pin one GPU per local rank:
+CUDA, and so TensorFlow, then shows a worker only its share, numbered from 0 (TensorFlow's
+``GPU:0`` is the first GPU of its share). Without it every worker would see every GPU and, with
+one device each, all would train on the first. Shares follow the worker's slot (kept across
+restarts of an elastic job), so a worker keeps its GPUs when others come and go. No TensorFlow
+here: the launcher reads ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+from tfpar.cluster import protocol
+from tfpar.errors import ConfigError
+
+
+def visible_gpus(environ: Mapping[str, str],
+                 which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """The GPUs this process may use, as CUDA names them: ``CUDA_VISIBLE_DEVICES``'s entries
+    when it is set, else the indices ``nvidia-smi --list-gpus`` lists where it is installed,
+    else none."""
+    visible = environ.get(protocol.VISIBLE_GPUS_ENV)
+    if visible is not None:
+        entries = [d.strip() for d in visible.split(",")]
+        # CUDA stops at the first invalid entry ("-1" hides every GPU).
+        shown = []
+        for entry in entries:
+            if not entry or entry.startswith("-"):
+                break
+            shown.append(entry)
+        return shown
+    program = which("nvidia-smi")
+    if program is None:
+        return []
+    try:
+        listed = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
+                                timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []  # A driver that does not answer gives no GPU, as none would.
+    return [str(i) for i, line in enumerate(
+        line for line in listed.splitlines() if line.startswith("GPU "))]
+
+
+def shares(gpus: Sequence[str], num_slots: int,
+           per_worker: int | None = None) -> tuple[dict[int, str], str | None]:
+    """Each worker slot's share of ``gpus``, as a ``CUDA_VISIBLE_DEVICES`` value.
+
+    Args:
+        gpus: The host's GPUs (:func:`visible_gpus`).
+        num_slots: The most workers the job runs on this host.
+        per_worker: GPUs per worker (``None``: as many as divide evenly; 0: none, the workers
+            run on the CPU).
+
+    Returns:
+        The value per slot (empty where no GPU is to be given: a CPU host, or ``per_worker``
+        0, whose workers get ``""``), and a line for what is left idle (``None`` when all are
+        used).
+
+    Raises:
+        ConfigError: If the workers need more GPUs than the host shows.
+    """
+    if per_worker is not None and (isinstance(per_worker, bool) or not isinstance(
+            per_worker, int) or per_worker < 0):
+        raise ConfigError(f"{{argument}} must be an integer >= 0. Received: {per_worker!r}.",
+                          argument="gpus_per_worker")
+    if not gpus and not per_worker:
+        return {}, None
+    if per_worker == 0:
+        return {slot: "" for slot in range(num_slots)}, None
+    each = per_worker if per_worker is not None else len(gpus) // num_slots
+    if each == 0 or each * num_slots > len(gpus):
+        raise ConfigError(
+            f"{num_slots} workers of {each or 1} GPU each need {max(each, 1) * num_slots} GPUs; "
+            f"this host shows {len(gpus)} ({protocol.VISIBLE_GPUS_ENV} or nvidia-smi). Run "
+            f"fewer workers, or set {{argument}}=0 to run them on the CPU.",
+            argument="gpus_per_worker")
+    given = {slot: ",".join(gpus[slot * each:(slot + 1) * each]) for slot in range(num_slots)}
+    idle = gpus[each * num_slots:]
+    note = (f"launcher: {len(gpus)} GPUs among {num_slots} workers: {each} each; GPU "
+            f"{', '.join(idle)} left idle (set gpus_per_worker to choose)." if idle else None)
+    return given, note

@@ -1,0 +1,253 @@
+"""What the launcher does after each round of workers: a pure function of what happened.
+
+A *round* is one start of the job's workers, until they all exited (:mod:`.worker_group`). Its
+:class:`RoundResult` (how it ended, the status, the worker it is about), the training position
+saved before and after it (:class:`Progress`) and the job's bookkeeping (:class:`JobState`:
+slots, failures so far, restarts allowed) decide the next step (:func:`decide`): exit with a
+status, or start another round, maybe with fewer workers (a slot lost) or more (lost slots
+rejoining). Each decision carries the one line the launcher prints for it, so the policy, its
+words and its tests live together, with no processes (its table test runs in well under a
+second).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import signal
+
+from tfpar.cluster import elastic
+from tfpar.errors import SIGNALLED
+from tfpar.errors import ExitStatus
+
+
+class Outcome(enum.Enum):
+    """How a round of workers ended."""
+
+    SUCCEEDED = "succeeded"
+    """Every worker exited 0."""
+    FAILED = "failed"
+    """A worker failed (a non-zero status other than the preempted one); the others were
+    stopped."""
+    PREEMPTED = "preempted"
+    """A worker stopped for a preemption notice (the job agreed on a step and saved); the
+    others were left to finish saving."""
+    GROWING = "growing"
+    """The launcher gave every worker a notice to try lost slots again at an epoch boundary,
+    and they saved and stopped."""
+    NOTICE = "notice"
+    """The launcher itself had a preemption notice, passed it on, and the workers stopped."""
+    INTERRUPTED = "interrupted"
+    """Ctrl-C to the launcher: every worker was stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """How one round ended.
+
+    Attributes:
+        outcome: How.
+        status: The job's status: the failed worker's (normalised: 128 + N after signal N);
+            after a notice to the launcher, the preempted status when every worker saved (or
+            finished), else the worst a worker ended with.
+        rank: The worker the result is about: the one that failed, or the one it found had
+            stopped answering; the first preempted one.
+    """
+
+    outcome: Outcome
+    status: int = 0
+    rank: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The training position (``(epochs finished, steps of the next epoch)``) saved before and
+    after a round; ``None`` for both when the command resumes by itself (the launcher cannot
+    see its state)."""
+
+    before: tuple[int, int] | None = None
+    after: tuple[int, int] | None = None
+
+    @property
+    def made(self) -> bool:
+        """Whether the round saved something new."""
+        return self.before is not None and self.after is not None and self.after > self.before
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    """The launcher's bookkeeping between rounds.
+
+    Attributes:
+        slots: The worker slots (which run, which are lost).
+        max_restarts: Restarts allowed after failures, at each number of workers.
+        failures: Failures counted against them at the current number of workers.
+        model_dir: Where the command saves its state (``None``: it resumes by itself).
+    """
+
+    slots: elastic.WorkerSlots
+    max_restarts: int = 0
+    failures: int = 0
+    model_dir: str | None = None
+
+
+class Action(enum.Enum):
+    """What the launcher does next."""
+
+    EXIT = "exit"
+    START = "start"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What to do after a round, and the line that says it.
+
+    Attributes:
+        action: Exit, or start another round with ``state.slots.running``.
+        status: The launcher's exit status (with :attr:`Action.EXIT`).
+        line: The launcher's line for it (``None``: nothing more to say).
+        state: The bookkeeping for the next round.
+    """
+
+    action: Action
+    status: int
+    line: str | None
+    state: JobState
+
+
+# Statuses that end a job without a restart: success, and bad input (the same command fails
+# the same way again).
+NO_RESTART = (ExitStatus.SUCCESS, ExitStatus.BAD_INPUT)
+
+
+def position_words(position: tuple[int, int]) -> str:
+    """A saved position in words: ``epoch 2`` (finished) or ``epoch 3 step 4``."""
+    epochs, steps = position
+    return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker{'s' * (count != 1)}"
+
+
+def _listed(slots: list[int]) -> str:
+    return ", ".join(map(str, slots))
+
+
+def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision:
+    """The launcher's next step after a round (pure: ``state`` is not changed).
+
+    Args:
+        result: How the round ended.
+        progress: The position saved before and after it.
+        state: The bookkeeping before it.
+
+    Returns:
+        The decision, with its line and the bookkeeping after it.
+    """
+    slots = copy.deepcopy(state.slots)
+    failures, max_restarts = state.failures, state.max_restarts
+
+    def exit_with(status: int, line: str | None = None) -> Decision:
+        return Decision(Action.EXIT, status, line, dataclasses.replace(
+            state, slots=slots, failures=failures))
+
+    if result.outcome is Outcome.INTERRUPTED:
+        return exit_with(ExitStatus.INTERRUPTED)
+    if result.outcome is Outcome.NOTICE:
+        saved = (f", the state saved at {position_words(progress.after)} in {state.model_dir}"
+                 if progress.after is not None and state.model_dir is not None else "")
+        return exit_with(result.status, f"launcher: preempted; the workers exited with "
+                                        f"{result.status}{saved}.")
+    if progress.made:
+        slots.settled()
+    if result.outcome is Outcome.GROWING:
+        failures = 0  # A fresh budget of restarts at the new size.
+        size = _workers(len(slots.running) + len(slots.lost))
+        back = slots.rejoin()
+        which = (f"growing back to {size} (slot {_listed(back)} "
+                 f"{'rejoins' if len(back) == 1 else 'rejoin'})")
+    elif (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
+          or not (max_restarts or slots.elastic)):
+        return exit_with(result.status)
+    elif result.outcome is Outcome.PREEMPTED and (progress.before is None or progress.made):
+        which = ("the job was preempted after saving; starting every worker again (not counted "
+                 "as a failure)" + _rejoining(slots))
+    else:
+        epochs_done = progress.after[0] if progress.after is not None else 0
+        slot = slots.slot_of(result.rank)
+        if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
+            slots.lose(slot, epochs_done)
+            which = (f"slot {slot} failed again on rejoining, so it is lost"
+                     + _next_try(slots, state.model_dir) + "; going on with "
+                     f"{_workers(len(slots.running))} of {slots.maximum}")
+        else:
+            failures += 1
+            if failures > max_restarts and not slots.can_lose(slot):
+                return exit_with(result.status, _end_line(slots, slot, max_restarts,
+                                                          result.status))
+            if failures > max_restarts:
+                count = len(slots.running)
+                slots.lose(slot, epochs_done)
+                failures = 0
+                which = (f"the restarts at {_workers(count)} are used up ({max_restarts} of "
+                         f"{max_restarts}): slot {slot} is lost"
+                         + _next_try(slots, state.model_dir) + "; going on with "
+                         f"{_workers(len(slots.running))} of {slots.maximum} (at least "
+                         f"{slots.minimum}) at the same global batch")
+            else:
+                which = (f"restart {failures} of {max_restarts}: starting every worker again"
+                         + _rejoining(slots))
+    if progress.after is None:
+        line = f"launcher: {which}; the command resumes by itself."
+    elif progress.after != (0, 0):
+        line = (f"launcher: {which}, resuming from {position_words(progress.after)} in "
+                f"{state.model_dir}.")
+    else:
+        line = f"launcher: {which}, from scratch (no epoch saved in {state.model_dir} yet)."
+    return Decision(Action.START, 0, line, dataclasses.replace(state, slots=slots,
+                                                                failures=failures))
+
+
+def _rejoining(slots: elastic.WorkerSlots) -> str:
+    """Puts lost slots back for the next round (of this decision's copy); their words."""
+    back = slots.rejoin()
+    return (f" with {_workers(len(slots.running))}, slot {_listed(back)} rejoining" if back
+            else "")
+
+
+def _next_try(slots: elastic.WorkerSlots, model_dir: str | None) -> str:
+    return (f" (tried again after epoch {slots.next_try_epochs} or at a restart)"
+            if model_dir is not None else " (tried again at a restart)")
+
+
+def _end_line(slots: elastic.WorkerSlots, slot: int, max_restarts: int, status: int) -> str:
+    """The last line when the restarts are used up and ``slot`` cannot be lost."""
+    used = f"({max_restarts} of {max_restarts})"
+    if not slots.elastic:
+        return (f"launcher: restarts used up {used}; exiting with the failed worker's status "
+                f"({status}).")
+    return (f"launcher: the restarts at {_workers(len(slots.running))} are used up {used} and "
+            f"without slot {slot} {_workers(len(slots.running) - 1)} would be left, fewer than "
+            f"the minimum of {slots.minimum}; exiting with the failed worker's status "
+            f"({status}).")
+
+
+# A worker the notice itself ended before it watched for notices (still starting): it had
+# nothing new to save, and the state saved before is intact.
+_ENDED_BY_THE_NOTICE = SIGNALLED + signal.SIGTERM
+
+
+def notice_status(statuses: list[int]) -> int:
+    """The job's status after a notice to the launcher, from the workers' normalised statuses:
+    the preempted status when every worker saved (or finished, or the notice ended it while it
+    was starting), the worst other one where a worker did neither (killed past the grace,
+    crashed), 0 only when every worker finished."""
+    others = [s for s in statuses
+              if s not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED, _ENDED_BY_THE_NOTICE)]
+    if others:
+        return max(others)
+    if any(s != ExitStatus.SUCCESS for s in statuses):
+        return int(ExitStatus.PREEMPTED)
+    return int(ExitStatus.SUCCESS)

@@ -1,0 +1,336 @@
+"""One round of a launcher's workers: start them, watch them, stop them, say how it ended.
+
+A :class:`WorkerGroup` starts one process of the command per running slot (free ports and a
+``TF_CONFIG`` each, on a private loopback network or the host's, each worker's share of the
+host's GPUs, a stop-record path), copies their output behind ``[worker N]``, and watches them
+until the round ends (:meth:`WorkerGroup.run`), returning a
+:class:`~tfpar.cluster.restart_policy.RoundResult`:
+
+- every worker exited 0: succeeded;
+- a worker exited with the preempted status: the others are left to finish saving (the grace
+  budget), preempted;
+- a worker failed: the others are stopped (SIGINT, then SIGKILL after a grace), failed, about
+  the worker its stop record says stopped answering, else itself;
+- the launcher had a notice (SIGTERM, SIGUSR1; through :mod:`.signal_router`): it is passed to
+  every worker as SIGTERM, they save and exit, and the status is what they ended with
+  (:func:`~tfpar.cluster.restart_policy.notice_status`);
+- Ctrl-C to the launcher: every worker is stopped;
+- an elastic job's epoch boundary at which lost slots are tried again: every worker is given a
+  notice, and once they saved, growing.
+
+Workers run in their own sessions (so Ctrl-C at the terminal reaches the launcher only, which
+stops them) and die with the launcher (Linux's parent-death signal), so nothing they start
+outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TextIO
+
+from tfpar.cluster import elastic
+from tfpar.cluster import private_network
+from tfpar.cluster import protocol
+from tfpar.cluster import signal_router
+from tfpar.cluster import worker_environment
+from tfpar.cluster.restart_policy import Outcome
+from tfpar.cluster.restart_policy import RoundResult
+from tfpar.cluster.restart_policy import notice_status
+from tfpar.errors import ConfigError
+from tfpar.errors import ExitStatus
+
+STOP_GRACE_SECONDS = 15.0
+"""After the launcher stops the workers (SIGINT), how long a worker may take to stop before it is
+killed (a worker gives itself tfpar.cli.common.STOP_GRACE_SECONDS when blocked inside
+TensorFlow).
+"""
+NOTICES = (signal.SIGTERM, signal.SIGUSR1)
+"""The signals the launcher itself takes as preemption notices and passes on (as SIGTERM)."""
+PORT_ATTEMPTS = 3
+"""How many times a round starts over with fresh ports when a worker finds its port taken
+(host network)."""
+POLL_SECONDS = 0.1
+"""How often the workers and the launcher's signals are looked at."""
+GROWTH_CHECK_SECONDS = 0.2
+"""How often a shrunk elastic job's saved state is read for an epoch boundary at which to try
+its lost workers again (the sooner the notice, the fewer steps of the new epoch run short)."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct ports that were free on ``host`` a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    except (OSError, OverflowError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise ConfigError(f"Cannot open a port on host {host!r} ({reason}): the workers run on "
+                          "this machine, so give one of its addresses, e.g. 127.0.0.1.") from None
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(num_workers: int, host: str = "127.0.0.1") -> list[str]:
+    """Returns each worker's ``TF_CONFIG`` for a cluster of ``num_workers`` on ``host``."""
+    workers = [f"{host}:{port}" for port in free_ports(num_workers, host)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            for i in range(num_workers)]
+
+
+class SignalTaken(Exception):
+    """The launcher took a signal (Ctrl-C, a notice) at one of its safe points.
+
+    Attributes:
+        signum: The signal.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def check_signals() -> None:
+    """Raises :class:`SignalTaken` for a signal the launcher took (Ctrl-C before a notice)."""
+    taken = signal_router.take()
+    if signal.SIGINT in taken:
+        raise SignalTaken(signal.SIGINT)
+    if taken:
+        raise SignalTaken(taken[0])
+
+
+class WorkerGroup:
+    """Starts and watches one round of workers (see the module docstring).
+
+    Args:
+        command: The program and its arguments.
+        slots: The slots of the workers to start, in rank order.
+        host: Their address.
+        out: Where their prefixed output and the group's lines go.
+        all_output: Every worker prints progress, not only the chief.
+        network: ``"private"`` or ``"host"``.
+        grace: Seconds the workers get to save and exit after a notice.
+        gpus: Each slot's ``CUDA_VISIBLE_DEVICES`` (none given where absent).
+        growth_due: Checked every :data:`GROWTH_CHECK_SECONDS` while slots are lost: why the
+            job should grow now (``None``: not yet).
+    """
+
+    def __init__(self, command: Sequence[str], slots: Sequence[int], host: str, out: TextIO,
+                 all_output: bool, network: str, grace: float,
+                 gpus: Mapping[int, str] | None = None,
+                 growth_due: Callable[[], str | None] | None = None):
+        self.command, self.slots, self.host, self.out = list(command), list(slots), host, out
+        self.all_output, self.network, self.grace = all_output, network, grace
+        self.gpus, self.growth_due = dict(gpus or {}), growth_due
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        """Writes one launcher line."""
+        with self._lock:
+            self.out.write(f"{line}\n")
+            self.out.flush()
+
+    def run(self) -> RoundResult:
+        """Runs the round (again with new ports where a worker found its port taken).
+
+        Raises:
+            ConfigError: If the command cannot be run, or a private network not made here.
+        """
+        with contextlib.ExitStack() as stack:
+            namespace = (stack.enter_context(private_network.Namespace())
+                         if self.network == "private" else None)
+            records = tempfile.mkdtemp(prefix="tfpar-launch-")
+            stack.callback(shutil.rmtree, records, True)
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                configs = tf_configs(len(self.slots), self.host)
+                if namespace is None:
+                    ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
+                    self.say(f"launcher: the workers' TensorFlow servers listen on every network "
+                             f"interface, unauthenticated ({ports}): firewall these ports.")
+                result = self._round(configs, namespace, records)
+                if (result.outcome is not Outcome.FAILED or namespace is not None
+                        or result.status != ExitStatus.PORT_TAKEN):
+                    return result
+                self.say(f"launcher: a worker's port was taken by another program; starting "
+                         f"again with new ports (attempt {attempt + 1} of {PORT_ATTEMPTS})."
+                         if attempt < PORT_ATTEMPTS else
+                         "launcher: a worker's port was taken every time; giving up.")
+            return result
+
+    def _round(self, configs: Sequence[str], namespace: private_network.Namespace | None,
+               records: str) -> RoundResult:
+        record_paths = [os.path.join(records, f"worker-{rank}.json")
+                        for rank in range(len(configs))]
+        for path in record_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        processes = self._start(configs, namespace, record_paths)
+        threads = [threading.Thread(target=self._forward, args=(p.stdout, f"[worker {rank}] "),
+                                    daemon=True) for rank, p in enumerate(processes)]
+        for t in threads:
+            t.start()
+        try:
+            return self._watch(processes, record_paths)
+        except SignalTaken as stop:
+            return self._stopped(processes, stop.signum)
+        finally:
+            for t in threads:
+                t.join(timeout=5)
+
+    def _start(self, configs: Sequence[str], namespace: private_network.Namespace | None,
+               record_paths: Sequence[str]) -> list[subprocess.Popen]:
+        """One process of the command per ``TF_CONFIG``, each its own session, output piped.
+
+        Raises:
+            ConfigError: If the command cannot be run (the workers started are stopped).
+        """
+        processes: list[subprocess.Popen] = []
+        for config, slot, record in zip(configs, self.slots, record_paths):
+            variables = {
+                protocol.TF_CONFIG_ENV: config, "PYTHONUNBUFFERED": "1",
+                protocol.SLOT_ENV: str(slot), protocol.STOP_RECORD_ENV: record,
+                protocol.ALL_OUTPUT_ENV: "1" if self.all_output else "0",
+                protocol.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
+            if slot in self.gpus:
+                variables[protocol.VISIBLE_GPUS_ENV] = self.gpus[slot]
+            env = worker_environment.worker_environment(variables)
+            try:
+                # Started before any output thread, so the fork runs preexec_fn single-threaded.
+                processes.append(subprocess.Popen(
+                    self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    text=True, start_new_session=True, preexec_fn=_worker_set_up(namespace)))
+            except (OSError, subprocess.SubprocessError) as e:
+                stop(processes)
+                reason = getattr(e, "strerror", None) or e
+                raise ConfigError(f"Cannot run {self.command[0]!r}: {reason}. Give a program on "
+                                  "PATH or its path, e.g. -- tfpar-train.") from None
+        return processes
+
+    def _forward(self, stream, prefix: str) -> None:
+        for line in iter(stream.readline, ""):
+            with self._lock:
+                self.out.write(f"{prefix}{line}")
+                self.out.flush()
+        stream.close()
+
+    def _who(self, rank: int) -> str:
+        return elastic.worker_words(rank, self.slots)
+
+    def _watch(self, processes: list[subprocess.Popen],
+               record_paths: Sequence[str]) -> RoundResult:
+        next_check = time.monotonic() + GROWTH_CHECK_SECONDS
+        while True:
+            check_signals()
+            for rank, p in enumerate(processes):
+                code = p.poll()
+                if code == ExitStatus.PREEMPTED:
+                    self.say(f"launcher: {self._who(rank)} stopped for a preemption notice "
+                             f"(exit {code}); waiting for the others to save.")
+                    wait(processes, self.grace)
+                    return RoundResult(Outcome.PREEMPTED, code, rank)
+                if code not in (None, 0):
+                    stop(processes)
+                    status = protocol.normalized(code)
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    record = protocol.StopRecord.read(record_paths[rank])
+                    named = [r for r in (record.unresponsive if record else ())
+                             if r < len(processes) and r != rank]
+                    about = (named[0] if status == ExitStatus.PEER_UNAVAILABLE and named
+                             else rank)
+                    self.say(f"launcher: {self._who(rank)} {how}"
+                             + (f" ({self._who(about)} stopped answering)" if about != rank
+                                else "") + "; stopped the other workers.")
+                    return RoundResult(Outcome.FAILED, status, about)
+            if all(p.poll() == 0 for p in processes):
+                return RoundResult(Outcome.SUCCEEDED)
+            if self.growth_due is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + GROWTH_CHECK_SECONDS
+                why = self.growth_due()
+                if why:
+                    self.say(f"launcher: {why}; a notice to every worker to save and stop, to "
+                             "try the lost slots again.")
+                    stop(processes, signal.SIGTERM, self.grace)
+                    if all(p.returncode == 0 for p in processes):  # The job ended meanwhile.
+                        return RoundResult(Outcome.SUCCEEDED)
+                    return RoundResult(Outcome.GROWING)
+            time.sleep(POLL_SECONDS)
+
+    def _stopped(self, processes: list[subprocess.Popen], signum: int) -> RoundResult:
+        """Stops every worker for the launcher's own signal (Ctrl-C, or a notice passed on)."""
+        if signum == signal.SIGINT:
+            stop(processes)
+            self.say("launcher: interrupted; stopped every worker.")
+            return RoundResult(Outcome.INTERRUPTED, ExitStatus.INTERRUPTED)
+        self.say("launcher: preemption notice; passed to every worker, waiting for them to save.")
+        stop(processes, signal.SIGTERM, self.grace)
+        statuses = [protocol.normalized(p.returncode) for p in processes]
+        return RoundResult(Outcome.NOTICE, notice_status(statuses))
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _worker_set_up(namespace: private_network.Namespace | None) -> Callable[[], None]:
+    """What a worker's process does between ``fork`` and ``exec``: joins the private network
+    (if any) and asks Linux to kill it when the launcher dies."""
+    launcher_pid = os.getpid()
+    try:  # Looked up before the fork: the child only calls it.
+        prctl = ctypes.CDLL(None).prctl
+    except (AttributeError, OSError):  # Not Linux: no parent-death signal.
+        prctl = None
+
+    def set_up() -> None:
+        if namespace is not None:
+            namespace.enter()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher_pid:  # The launcher died before the request took.
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_up
+
+
+def stop(processes: Sequence[subprocess.Popen], signum: int = signal.SIGINT,
+         grace: float = STOP_GRACE_SECONDS) -> None:
+    """Sends ``signum`` to every running worker's process group (SIGINT: stop now, as Ctrl-C
+    does; SIGTERM: a preemption notice), then kills those still running after ``grace``."""
+    for p in processes:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signum)
+    wait(processes, grace)
+
+
+def wait(processes: Sequence[subprocess.Popen], grace: float) -> None:
+    """Waits up to ``grace`` seconds for every worker to exit by itself; kills the rest. A
+    Ctrl-C to the launcher meanwhile stops them at once (SIGINT, a short grace)."""
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        if signal_router.take(signal.SIGINT):
+            for p in processes:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGINT)
+            deadline = min(deadline, time.monotonic() + STOP_GRACE_SECONDS)
+        time.sleep(POLL_SECONDS)
+    for p in processes:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
