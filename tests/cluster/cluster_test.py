@@ -102,10 +102,10 @@ class WaitForPeersTest(tf.test.TestCase):
         threading.Thread(target=answer_then_leave).start()
         start = time.monotonic()
         cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
-        self.assertBetween(time.monotonic() - start, 0.9, 5)
+        self.assertGreater(time.monotonic() - start, 0.9)  # It waited for the peer to leave.
         start = time.monotonic()
         cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
-        self.assertLess(time.monotonic() - start, 2)
+        self.assertLess(time.monotonic() - start, 9)  # Not the 10 s timeout: the peer was gone.
 
     def test_the_chief_stopped_while_it_waits_leaves_quietly(self):
         # A peer that answers for ever (a hung worker whose port still accepts); the launcher

@@ -1,0 +1,200 @@
+"""The launcher's supervision at the edges: the status after a notice, a notice at any moment
+(between two rounds, while workers start), a second notice inside a worker, and each local
+worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from unittest import mock
+
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfpar.cluster import launcher
+from tfpar.cluster import worker_group
+from tfpar.cluster.restart_policy import Outcome
+from tfpar.cluster.restart_policy import RoundResult
+from tfpar.errors import ConfigError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LAUNCH = os.path.join(ROOT, "scripts", "launch.py")
+
+
+def launcher_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("launcher:")]
+
+
+class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
+    """A notice to the launcher ends it with 85 only when every worker saved; else the worst
+    normalised status, never 0 nor a negative return code's 247."""
+
+    @parameterized.named_parameters(
+        # Neither takes the notice: both killed after the grace.
+        ("both_ignore_it", "signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)", 137),
+        # Worker 0 leaves with 0 (it did not finish), worker 1 is killed.
+        ("one_exits_0_one_ignores_it", "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))",
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)", 137),
+        # Both stop as tfpar's programs do after saving.
+        ("both_save", "signal.signal(signal.SIGTERM, lambda *_: sys.exit(85))",
+         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(85))", 85))
+    def test_the_status_after_a_notice_to_the_launcher(self, worker_0, worker_1, expected):
+        code = textwrap.dedent(f"""
+            import os, signal, sys, time
+            if os.environ["TFPAR_WORKER_SLOT"] == "0":
+                {worker_0}
+            else:
+                {worker_1}
+            print("up", flush=True)
+            time.sleep(60)
+            """)
+        launch = subprocess.Popen(
+            [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", code,
+             "--preemption_grace_seconds=0.5"],  # Read by the launcher: its grace is 10.5 s.
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(launch.kill)
+        for _ in range(2):
+            self.assertIn("up", launch.stdout.readline())
+        launch.send_signal(signal.SIGTERM)
+        output = launch.communicate(timeout=120)[0]
+        self.assertEqual(launch.returncode, expected, output)
+        self.assertIn(f"launcher: preempted; the workers exited with {expected}.", output)
+        self.assertNotIn("Traceback", output)
+
+
+class NoticeAtAnyMomentTest(tf.test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        # Under code that lets a notice reach this process outside the launcher's handlers,
+        # the test fails here rather than ending the test process.
+        previous = signal.signal(signal.SIGTERM, self._escaped)
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+
+    @staticmethod
+    def _escaped(signum, frame):
+        raise AssertionError("the notice reached a handler outside the launcher")
+
+    def test_a_notice_between_two_rounds_exits_85_in_one_line(self):
+        rounds = []
+
+        def failed_then_noticed(group):
+            rounds.append(group.slots)
+            os.kill(os.getpid(), signal.SIGTERM)  # While no worker runs.
+            return RoundResult(Outcome.FAILED, 1, 0)
+
+        out = io.StringIO()
+        model_dir = self.get_temp_dir()
+        with mock.patch.object(worker_group.WorkerGroup, "run", failed_then_noticed):
+            status = launcher.launch([sys.executable, "-c", "pass",
+                                      f"--model_dir={model_dir}"], 2, out=out, max_restarts=3)
+        self.assertEqual(status, 85, out.getvalue())
+        self.assertLen(rounds, 1)  # No second round started.
+        self.assertEqual(launcher_lines(out.getvalue()), [
+            "launcher: restart 1 of 3: starting every worker again, from scratch (no epoch "
+            f"saved in {model_dir} yet).",
+            "launcher: preemption notice while no worker was running; the saved state is where "
+            "a rerun resumes.",
+            "launcher: preempted; the workers exited with 85, the state saved at epoch 0 in "
+            f"{model_dir}."])
+
+    def test_a_notice_while_the_workers_start_stops_them_and_exits_85(self):
+        start = worker_group.WorkerGroup._start
+
+        def start_then_notice(group, *args):
+            processes = start(group, *args)
+            os.kill(os.getpid(), signal.SIGTERM)  # Before any of them watches for notices.
+            return processes
+
+        out = io.StringIO()
+        began = time.monotonic()
+        with mock.patch.object(worker_group.WorkerGroup, "_start", start_then_notice):
+            status = launcher.launch([sys.executable, "-c", "import time; time.sleep(60)"], 2,
+                                     out=out)
+        self.assertEqual(status, 85, out.getvalue())
+        self.assertLess(time.monotonic() - began, 50)  # Not the workers' 60 s.
+        self.assertEqual(launcher_lines(out.getvalue()), [
+            "launcher: preemption notice; passed to every worker, waiting for them to save.",
+            "launcher: preempted; the workers exited with 85."])
+
+
+class SecondNoticeTest(tf.test.TestCase):
+
+    def test_a_notice_while_the_notices_are_being_reset_never_blocks(self):
+        # The main thread holds the notices' lock (as reset() does) when a notice arrives: its
+        # handler must not wait for the lock it interrupted.
+        code = textwrap.dedent("""
+            import os, signal
+            from tfpar.cluster import preemption
+            preemption.watch_signals([signal.SIGTERM], 20)
+            with preemption._notices.lock:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # The handler runs here, between two bytecodes.
+                    pass
+            """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=60)
+        # Outside training a notice stops the process at once, with the preempted status.
+        self.assertEqual(result.returncode, 85, result.stderr)
+        self.assertIn("Preempted (SIGTERM) outside training", result.stderr)
+
+
+class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
+    """Emulated GPUs: each worker prints the CUDA_VISIBLE_DEVICES it was given."""
+
+    SHOW = ("import os; print('gpus', os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), "
+            "flush=True)")
+
+    def given(self, num_workers, **kwargs):
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", self.SHOW], num_workers, out=out,
+                                 **kwargs)
+        self.assertEqual(status, 0, out.getvalue())
+        seen = {}
+        for line in out.getvalue().splitlines():
+            if "] gpus " in line:
+                seen[int(line.split("]")[0].split()[-1])] = line.split("gpus ", 1)[1]
+        return seen, launcher_lines(out.getvalue())
+
+    @parameterized.named_parameters(
+        ("two_workers_on_4_gpus", 2, {}, {0: "0,1", 1: "2,3"}),
+        ("four_workers_on_4_gpus", 4, {}, {0: "0", 1: "1", 2: "2", 3: "3"}),
+        ("one_gpu_each_asked", 2, {"gpus_per_worker": 1}, {0: "0", 1: "1"}),
+        ("none_asked", 2, {"gpus_per_worker": 0}, {0: "", 1: ""}))
+    def test_each_worker_gets_its_own_share(self, num_workers, kwargs, expected):
+        seen, _ = self.given(num_workers, gpus=["0", "1", "2", "3"], **kwargs)
+        self.assertEqual(seen, expected)
+
+    def test_gpus_left_idle_are_said_in_one_line(self):
+        seen, lines = self.given(3, gpus=["0", "1", "2", "3"])
+        self.assertEqual(seen, {0: "0", 1: "1", 2: "2"})
+        self.assertIn("launcher: 4 GPUs among 3 workers: 1 each; GPU 3 left idle (set "
+                      "gpus_per_worker to choose).", lines)
+
+    def test_a_cpu_host_gives_no_gpus(self):
+        seen, _ = self.given(2, gpus=[])
+        self.assertEqual(seen, {0: "unset", 1: "unset"})
+
+    def test_more_workers_than_gpus_is_refused_in_one_line(self):
+        with self.assertRaisesRegex(ConfigError, r"^5 workers of 1 GPU each need 5 GPUs; this "
+                                                 r"host shows 4 .* set gpus_per_worker=0 to run "
+                                                 r"them on the CPU\.$"):
+            launcher.launch([sys.executable, "-c", "pass"], 5, gpus=["0", "1", "2", "3"])
+        result = subprocess.run([sys.executable, LAUNCH, "--num_workers=3",
+                                 "--gpus_per_worker=2", "--", sys.executable, "-c", "pass"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.strip(),
+                         "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
+                         "(CUDA_VISIBLE_DEVICES or nvidia-smi). Run fewer workers, or set "
+                         "--gpus_per_worker=0 to run them on the CPU.")
+
+
+if __name__ == "__main__":
+    tf.test.main()
