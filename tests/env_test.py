@@ -33,7 +33,8 @@ class EnvTest(tf.test.TestCase):
         self.assertCountEqual(info["keras_fixes"]["fixes"], [
             "symbolic_build", "reduce_per_replica", "multi_step_train_function",
             "multi_step_test_function", "aggregating_assign_add", "aggregating_assign_sub",
-            "backup_chief_writes", "backup_chief_deletes", "backup_epoch_count",
+            "backup_chief_writes", "backup_chief_deletes", "backup_state_beyond_weights",
+            "backup_epoch_count",
             "scaled_loss_records", "scaled_loss_marks", "scaled_compute_loss_marks",
             "mean_of_scaled_losses", "mid_epoch_start"])
         self.assertIn(info["machine"]["mixed_bfloat16"].split(" ")[0], ("native", "emulated",
