@@ -1,5 +1,6 @@
 """Tests that tfpar's Keras fixes are what make fit survive, and that they know their limits."""
 
+import dataclasses
 import importlib
 import io
 import json
@@ -144,16 +145,50 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
 
     def test_the_fixes_wrap_keras_own_code(self):
         keras_fixes.uninstall()
-        originals = (keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build,
-                     keras_tf_trainer.reduce_per_replica)
+        trainer = fix.tf_trainer_class()  # TensorFlowTrainer to Keras 3.15, Trainer in 3.16.
+        self.assertIs(trainer, keras.Model.__mro__[1])
+        originals = (trainer._maybe_symbolic_build, keras_tf_trainer.reduce_per_replica)
         keras_fixes.install()
         keras_fixes.install()  # Idempotent: wrapped once.
-        self.assertIs(keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build.__wrapped__,
-                      originals[0])
+        self.assertIs(trainer._maybe_symbolic_build.__wrapped__, originals[0])
         self.assertIs(keras_tf_trainer.reduce_per_replica.__wrapped__, originals[1])
         keras_fixes.uninstall()
         self.assertIs(keras_tf_trainer.reduce_per_replica, originals[1])
         self.assertFalse(keras_fixes.installed())
+
+    def test_a_fix_whose_target_is_missing_or_changed_says_so_in_one_line(self):
+        keras_fixes.uninstall()
+
+        def moved():  # What Keras 3.16 did to the class that runs fit's step.
+            raise AttributeError("module 'keras.src.backend.tensorflow.trainer' has no "
+                                 "attribute 'TensorFlowTrainer'")
+
+        first, second, *rest = keras_fixes.FIXES
+        missing = dataclasses.replace(first, owner=moved)
+        changed = dataclasses.replace(second, parameters=("values", "strategy", "axis"))
+        with mock.patch.object(keras_fixes, "FIXES", (missing, changed, *rest)), \
+                mock.patch.object(keras_fixes, "_said_unavailable", set()), \
+                mock.patch.dict(os.environ, {keras_fixes.MODE_ENV: "force"}), \
+                self.assertLogs(level="WARNING") as logs:
+            keras_fixes.install()
+            keras_fixes.install()  # Said once.
+            active = keras_fixes.status()["active"]
+        self.assertLen(logs.output, 2)
+        self.assertIn("'symbolic_build'", logs.output[0])
+        self.assertIn("its target is missing (module 'keras.src.backend.tensorflow.trainer' "
+                      "has no attribute 'TensorFlowTrainer')", logs.output[0])
+        self.assertIn("Upstream: keras-team/keras#20585", logs.output[0])
+        self.assertIn(f"read against Keras 3.0 to 3.15; this is Keras {keras.version()}.",
+                      logs.output[0])
+        self.assertIn("'reduce_per_replica'", logs.output[1])
+        self.assertIn("takes (values, strategy, reduction), not (values, strategy, axis, ...)",
+                      logs.output[1])
+        self.assertStartsWith(active["symbolic_build"], "no: its target is missing")
+        self.assertStartsWith(active["reduce_per_replica"], "no: ")
+        self.assertEqual({name for name, state in active.items() if state == "yes"},
+                         {f.name for f in rest})
+        for name in {f.name for f in rest}:  # The others are installed.
+            self.assertIn(name, keras_fixes._originals)
 
     def test_only_strategies_of_several_replicas_install_them(self):
         keras_fixes.uninstall()

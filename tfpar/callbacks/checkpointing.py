@@ -179,7 +179,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._last_number = _number_of(latest)
         self._restore_replica_copies(os.path.basename(latest))
         if self.resume_step:
-            reason = keras_fixes.skip_reason()
+            reason = keras_fixes.unavailable("mid_epoch_start")
             if reason:
                 raise ConfigError(
                     f"The state in {self.directory} was saved at step {self.resume_step} of "

@@ -192,7 +192,8 @@ def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
     steps = step.model.steps_per_execution
     if steps == 1 or strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):
         return
-    reason = keras_fixes.skip_reason() or collective_keys.skip_reason()
+    reason = (keras_fixes.unavailable("multi_step_train_function")
+              or collective_keys.skip_reason())
     if reason:
         raise ConfigError("{argument} > 1 runs across workers only with tfpar's fix of Keras's "
                           "multi-step loop (keras-team/keras#19246), not applied here: "

@@ -20,7 +20,10 @@ was checked on and the test that fails without it; each wraps one private attrib
 They are applied only on the Keras versions they were verified against
 (:data:`VERIFIED_KERAS`); on others tfpar warns once and leaves Keras alone, and ``tfpar-env``
 says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check a new Keras release, see
-DEVELOPERS.md), ``=off`` never.
+DEVELOPERS.md), ``=off`` never. Each fix finds its target by what it needs (:mod:`.fix`); one
+whose target is missing or changed is not installed, and says so in one line naming the fix,
+its upstream issue, the releases it was read against and this Keras (no traceback); the others
+are installed.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ from tfpar.compat.keras_fixes import scalar_logs
 from tfpar.compat.keras_fixes import scaled_losses
 from tfpar.compat.keras_fixes import symbolic_build
 from tfpar.compat.keras_fixes.fix import Fix
+from tfpar.compat.keras_fixes.fix import FixUnavailable
 from tfpar.compat.keras_fixes.scalar_logs import ReportsGlobalValues
 
-__all__ = ["FIXES", "Fix", "MODE_ENV", "ReportsGlobalValues", "VERIFIED_KERAS", "install",
-           "installed", "skip_reason", "status", "uninstall"]
+__all__ = ["FIXES", "Fix", "FixUnavailable", "MODE_ENV", "ReportsGlobalValues",
+           "VERIFIED_KERAS", "install", "installed", "skip_reason", "status", "unavailable",
+           "unavailable_line", "uninstall"]
 
 # The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
 # to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
@@ -64,32 +69,45 @@ FIXES: tuple[Fix, ...] = (
     Fix("mid_epoch_start", "fit starts a resumed epoch at the step its state was saved at "
         "(EpochCheckpoint, BackupAndRestore(save_freq=N)), the batches before it drawn, not "
         "trained on", _epoch_iterator, "_enumerate_iterator",
-        mid_epoch_resume.wrap_enumerate_iterator),
+        mid_epoch_resume.wrap_enumerate_iterator, parameters=("self",)),
 )
 """Every fix, in the order they are installed."""
 
 _originals: dict[str, Callable] = {}
 _skipped: list[str] = []  # Why the fixes were not applied, once known.
+_said_unavailable: set[str] = set()  # Fixes whose missing target was said.
 
 
 def skip_reason() -> str | None:
-    """Why the fixes would not be applied on this Keras (``None``: they would)."""
-    reason = versions.keras_skip_reason(keras.version())
-    if reason:
-        return reason
-    try:
-        missing = [f"{f.attribute}" for f in FIXES if not hasattr(f.owner(), f.attribute)]
-    except ImportError as e:
-        return f"Keras {keras.version()} has no {e.name}"
-    if missing:
-        return f"Keras {keras.version()} has no {', '.join(missing)}"
-    return None
+    """Why the fixes would not be applied on this Keras at all (``None``: they would, each
+    whose target is there; see :func:`unavailable`)."""
+    return versions.keras_skip_reason(keras.version())
+
+
+def _named(name: str) -> Fix:
+    for fix in FIXES:
+        if fix.name == name:
+            return fix
+    raise KeyError(name)
+
+
+def unavailable(name: str) -> str | None:
+    """Why the fix ``name`` would not be applied on this Keras (``None``: it would)."""
+    return skip_reason() or _named(name).unavailable()
+
+
+def unavailable_line(fix: Fix, reason: str) -> str:
+    """The one line for a fix that cannot be installed."""
+    return (f"tfpar's fix {fix.name!r} ({fix.description}) is not applied: {reason}. Upstream: "
+            f"{fix.upstream}; read against Keras {fix.read_against}; this is Keras "
+            f"{keras.version()}.")
 
 
 def install(names: tuple[str, ...] | None = None) -> None:
     """Installs the fixes (all, or those named), once; idempotent.
 
-    On a Keras they were not verified against, warns once and installs nothing.
+    On a Keras they were not verified against, warns once and installs nothing. A fix whose
+    target is missing or changed is left out with one warning line; the others are installed.
     """
     reason = skip_reason()
     if reason:
@@ -101,16 +119,23 @@ def install(names: tuple[str, ...] | None = None) -> None:
         return
     for fix in FIXES:
         if (names is None or fix.name in names) and fix.name not in _originals:
-            owner = fix.owner()
-            _originals[fix.name] = getattr(owner, fix.attribute)
-            setattr(owner, fix.attribute, fix.wrap(_originals[fix.name]))
+            try:
+                owner, original = fix.target()
+            except FixUnavailable as e:
+                if fix.name not in _said_unavailable:
+                    _said_unavailable.add(fix.name)
+                    logging.warning("%s", unavailable_line(fix, str(e)))
+                continue
+            _originals[fix.name] = original
+            setattr(owner, fix.attribute, fix.wrap(original))
 
 
 def uninstall(names: tuple[str, ...] | None = None) -> None:
     """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
     for fix in FIXES:
         if (names is None or fix.name in names) and fix.name in _originals:
-            setattr(fix.owner(), fix.attribute, _originals.pop(fix.name))
+            owner, _ = fix.target()
+            setattr(owner, fix.attribute, _originals.pop(fix.name))
 
 
 def installed() -> bool:
@@ -126,4 +151,6 @@ def status() -> dict[str, Any]:
             "verified_with_keras": versions.keras_range_text(),
             "applied": (f"no: {reason}" if reason else
                         "yes, by every tfpar strategy of several replicas"),
-            "fixes": {f.name: f.description for f in FIXES}}
+            "fixes": {f.name: f.description for f in FIXES},
+            "active": {f.name: (f"no: {why}" if (why := reason or f.unavailable()) else "yes")
+                       for f in FIXES}}

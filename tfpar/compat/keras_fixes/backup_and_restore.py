@@ -196,13 +196,17 @@ def _resume_inside_epoch(callback: keras.callbacks.BackupAndRestore, epoch: int)
 FIXES = (
     Fix("backup_chief_writes", "BackupAndRestore: the chief writes the backup, other workers "
         "a scratch folder; a state saved after an epoch's last batch resumes at the next",
-        lambda: keras.callbacks.BackupAndRestore, "_save_model", _wrap_backup_save),
+        lambda: keras.callbacks.BackupAndRestore, "_save_model", _wrap_backup_save,
+        parameters=("self",)),
     Fix("backup_chief_deletes", "BackupAndRestore: only the chief deletes the backup at the end",
-        lambda: keras.callbacks.BackupAndRestore, "on_train_end", _wrap_backup_train_end),
+        lambda: keras.callbacks.BackupAndRestore, "on_train_end", _wrap_backup_train_end,
+        parameters=("self", "logs")),
     Fix("backup_state_beyond_weights", "BackupAndRestore: the random generators' states "
         "(Dropout's masks) and each replica's own BatchNorm statistics are restored too",
-        lambda: keras.callbacks.BackupAndRestore, "_load_model", _wrap_backup_load),
+        lambda: keras.callbacks.BackupAndRestore, "_load_model", _wrap_backup_load,
+        parameters=("self",)),
     Fix("backup_epoch_count", "BackupAndRestore: saves after a resume record the epochs "
         "finished, not those since the resume",
-        lambda: keras.callbacks.BackupAndRestore, "on_epoch_begin", _wrap_backup_epoch_begin),
+        lambda: keras.callbacks.BackupAndRestore, "on_epoch_begin", _wrap_backup_epoch_begin,
+        parameters=("self", "epoch", "logs")),
 )

@@ -48,6 +48,7 @@ def _wrap_make_function(original: Callable, attribute: str) -> Callable:
 FIXES = tuple(
     Fix(f"multi_step_{kind}_function", f"several steps per compiled call of {uses} run "
         "across workers (the function's collectives keyed when traced)",
-        lambda: fix.tf_trainer().TensorFlowTrainer, f"make_{kind}_function",
-        functools.partial(_wrap_make_function, attribute=f"{kind}_function"))
+        fix.tf_trainer_class, f"make_{kind}_function",
+        functools.partial(_wrap_make_function, attribute=f"{kind}_function"),
+        parameters=("self", "force"))
     for kind, uses in (("train", "fit"), ("test", "evaluate and validation")))

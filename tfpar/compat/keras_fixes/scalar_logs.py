@@ -75,5 +75,6 @@ def _wrap_reduce_per_replica(original: Callable) -> Callable:
 FIXES = (
     Fix("reduce_per_replica", "scalar logs of multi-worker replicas reduced with axis=None, "
         "in one collective; logs global already are not reduced again",
-        fix.tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica),
+        fix.tf_trainer, "reduce_per_replica", _wrap_reduce_per_replica,
+        parameters=("values", "strategy", "reduction")),
 )

@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from tfpar.compat.keras_fixes.fix import Fix
+from tfpar.compat.keras_fixes.fix import model_base_defining
 
 
 def _loss_module() -> Any:
@@ -40,8 +41,9 @@ def _loss_module() -> Any:
 
 
 def _trainer_base() -> Any:
-    """Keras's backend-neutral ``Trainer``, which defines ``compute_loss``."""
-    return importlib.import_module("keras.src.trainers.trainer").Trainer
+    """Keras's backend-neutral trainer, which defines ``compute_loss`` (``Trainer`` to 3.15,
+    ``BaseTrainer`` in 3.16)."""
+    return model_base_defining("compute_loss", "keras.src.trainers")
 
 
 # The replica counts Keras divided losses by while a Loss call or compute_loss ran (a stack of
@@ -117,12 +119,16 @@ def _wrap_mean_update(original: Callable) -> Callable:
 
 FIXES = (
     Fix("scaled_loss_records", "the losses Keras divides by the replica count for the "
-        "gradient are recorded", _loss_module, "scale_loss_for_distribution", _wrap_scale),
+        "gradient are recorded", _loss_module, "scale_loss_for_distribution", _wrap_scale,
+        parameters=("value",)),
     Fix("scaled_loss_marks", "a Keras loss's value divided by the replica count is marked so",
-        lambda: keras.losses.Loss, "__call__", _wrap_marking),
+        lambda: keras.losses.Loss, "__call__", _wrap_marking,
+        parameters=("self", "y_true", "y_pred", "sample_weight")),
     Fix("scaled_compute_loss_marks", "the same for Keras's compute_loss",
-        _trainer_base, "compute_loss", _wrap_marking),
+        _trainer_base, "compute_loss", _wrap_marking,
+        parameters=("self", "x", "y", "y_pred", "sample_weight")),
     Fix("mean_of_scaled_losses", "a Mean metric given a marked loss records the whole loss "
         "(a model's own train_step/test_step logs what one device logs)",
-        lambda: keras.metrics.Mean, "update_state", _wrap_mean_update),
+        lambda: keras.metrics.Mean, "update_state", _wrap_mean_update,
+        parameters=("self", "values", "sample_weight")),
 )

@@ -23,7 +23,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfpar.compat.keras_fixes.fix import Fix
-from tfpar.compat.keras_fixes.fix import tf_trainer
+from tfpar.compat.keras_fixes.fix import tf_trainer_class
 
 
 def _wrap_symbolic_build(original: Callable) -> Callable:
@@ -46,5 +46,7 @@ def _wrap_symbolic_build(original: Callable) -> Callable:
 FIXES = (
     Fix("symbolic_build", "fit/evaluate build the model from one replica's shard, not a "
         "cross-replica mean (uneven batches; multi_worker)",
-        lambda: tf_trainer().TensorFlowTrainer, "_maybe_symbolic_build", _wrap_symbolic_build),
+        tf_trainer_class, "_maybe_symbolic_build", _wrap_symbolic_build,
+        parameters=("self", "iterator", "data_batch"),
+        upstream="keras-team/keras#20585, tensorflow/tensorflow#72388"),
 )
