@@ -116,9 +116,9 @@ class _Releaser:
         # Frees what is left before the interpreter goes, rather than during its teardown;
         # stopped meanwhile (Ctrl-C, a launcher stopping the job), it leaves quietly.
         self._stopped = True
-        self._queue.put(None)
         deadline = time.monotonic() + _EXIT_TIMEOUT_SECONDS
         try:
+            self._queue.put(None)  # (A queue's put takes a lock: a signal may land in it.)
             if self._dispatcher is not None:
                 self._dispatcher.join(_EXIT_TIMEOUT_SECONDS)
             for worker in list(self._workers):
