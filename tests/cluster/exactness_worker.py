@@ -3,10 +3,12 @@
 ``python exactness_worker.py ENTRY MODEL RESUME STATE OUTPUT [INTERRUPT]``: trains MODEL (one of
 ``tests/end_to_end/exactness_test.py``'s) under ENTRY, one replica per worker, resuming from
 STATE with RESUME: ``notice`` (:class:`~tfpar.callbacks.EpochCheckpoint` and
-:class:`~tfpar.callbacks.SaveOnPreemption`) or ``backup_and_restore_kill`` (Keras's
-``BackupAndRestore(save_freq=3)``). With INTERRUPT, worker 1 sends itself SIGTERM after epoch 2's
-second step (``notice``), or SIGKILL once the optimizer made 8 steps (``backup_and_restore_kill``;
-the launcher restarts the job, and the restarted worker finds ``STATE.killed`` and goes on).
+:class:`~tfpar.callbacks.SaveOnPreemption`), ``elastic`` (the same; the worker in slot 2 kills
+itself once the optimizer made 8 steps, and an elastic launcher goes on without it) or
+``backup_and_restore_kill`` (Keras's ``BackupAndRestore(save_freq=3)``). With INTERRUPT,
+worker 1 sends itself SIGTERM after epoch 2's second step (``notice``), or SIGKILL once the
+optimizer made 8 steps (``backup_and_restore_kill``; the launcher restarts the job, and the
+restarted worker finds ``STATE.killed`` and goes on).
 Every worker writes each variable of its model and optimizer (its own replica's copy) to
 ``OUTPUT.RANK.npz``.
 """
@@ -51,12 +53,14 @@ def main(entry: str, model_name: str, resume: str, state: str, output: str,
     x, y = exactness_test.examples()
     callbacks: list = [AverageAtEpochEnd(strategy)]
     initial_epoch = 0
-    if resume == "notice":
+    if resume in ("notice", "elastic"):
         checkpoint = EpochCheckpoint(state, model, strategy)
         initial_epoch = checkpoint.restore()
         callbacks += [checkpoint, SaveOnPreemption(checkpoint)]
-        if interrupt and rank == 1:
+        if interrupt and resume == "notice" and rank == 1:
             callbacks.append(exactness_test.SignalAt(2, 2))
+        if interrupt and resume == "elastic" and os.environ["TFPAR_WORKER_SLOT"] == "2":
+            callbacks.append(KillOnce(f"{state}.killed"))  # Inside epoch 2: lost for good.
     else:
         callbacks.append(keras.callbacks.BackupAndRestore(state, save_freq=3,
                                                           delete_checkpoint=False))

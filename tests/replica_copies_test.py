@@ -1,0 +1,85 @@
+"""Tests of each replica's own copy of what replicas update apart: gathered, written, given back
+per replica, and their mean where the number of replicas changed."""
+
+import json
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import replica_copies
+from tfpar import testing
+
+
+def batchnorm_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization(momentum=0.5),
+                              keras.layers.Dense(2, trainable=False)])  # Frozen: not gathered.
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def own_copies(variable):
+    return [c.numpy() for c in variable.value.values]
+
+
+class ReplicaCopiesTest(testing.StrategyTestCase):
+
+    def trained(self, replicas):
+        strategy = self.strategy("mirrored", replicas)
+        with strategy.scope():
+            model = batchnorm_model()
+        x = np.random.default_rng(0).random((12, 4), dtype=np.float32)
+        model.fit(x, np.ones((12, 2), np.float32), batch_size=12, epochs=1, shuffle=False,
+                  verbose=0)
+        return model
+
+    def test_only_the_copies_that_differ_are_gathered_and_they_come_back_per_replica(self):
+        model = self.trained(2)
+        copies = replica_copies.gather(model)
+        paths = sorted(model.variables[place].path.rsplit("/", 1)[1] for place in copies)
+        self.assertEqual(paths, ["moving_mean", "moving_variance"])
+        for place, saved in copies.items():
+            self.assertEqual(saved.shape, (2, 3))
+            self.assertNotAllClose(saved[0], saved[1])  # Each replica's shard differed.
+            self.assertAllEqual(saved, np.stack(own_copies(model.variables[place])))
+        # Written as JSON and read back bit for bit.
+        decoded = replica_copies.decode(json.loads(json.dumps(replica_copies.encode(copies))))
+        for place in copies:
+            self.assertAllEqual(decoded[place], copies[place])
+        # Given back to a fresh model of the same build, replica by replica.
+        fresh = self.trained(2)
+        replica_copies.scatter(fresh, decoded)
+        for place in copies:
+            self.assertAllEqual(np.stack(own_copies(fresh.variables[place])), copies[place])
+
+    def test_a_changed_number_of_replicas_gets_the_mean(self):
+        copies = replica_copies.gather(self.trained(2))
+        four = self.trained(4)
+        with self.assertLogs(level="INFO") as logs:
+            replica_copies.scatter(four, copies)
+        self.assertIn("saved by 2 replicas; each of the 4 replicas now starts from their mean",
+                      logs.output[0])
+        for place, saved in copies.items():
+            for copy in own_copies(four.variables[place]):
+                self.assertAllClose(copy, saved.mean(axis=0), rtol=1e-6)
+
+    def test_nothing_is_gathered_on_one_replica_or_when_copies_agree(self):
+        self.assertEqual(replica_copies.gather(self.trained(1)), {})
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = batchnorm_model()  # Not trained: every copy is the initial value.
+        self.assertEqual(replica_copies.gather(model), {})
+
+    def test_copies_that_do_not_fit_the_model_are_refused(self):
+        model = self.trained(2)
+        with self.assertRaisesRegex(ValueError, r"have shape \(5,\); the variable has \(3,\)"):
+            replica_copies.scatter(model, {3: np.zeros((2, 5), np.float32)})
+        with self.assertRaisesRegex(ValueError, r"are of variable 99; the model has"):
+            replica_copies.scatter(model, {99: np.zeros((2, 3), np.float32)})
+        with self.assertRaisesRegex(ValueError, "Not saved replicas' copies"):
+            replica_copies.decode({"3": {"values": [1.0]}})
+
+
+if __name__ == "__main__":
+    tf.test.main()
