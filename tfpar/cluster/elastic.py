@@ -20,9 +20,6 @@ from collections.abc import Sequence
 
 from tfpar.errors import ConfigError
 
-SLOT_ENV = "TFPAR_WORKER_SLOT"
-"""The environment variable holding a launched worker's slot (0 to MAX - 1)."""
-
 
 def parse_worker_range(text: str | int) -> tuple[int, int]:
     """Reads a number of workers, ``"N"`` or ``"MIN:MAX"`` (torchrun's spelling).

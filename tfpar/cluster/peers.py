@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
+from tfpar.cluster import protocol
 from tfpar.cluster.spec import is_chief
 from tfpar.cluster.spec import is_multi_worker
 from tfpar.cluster.spec import split_address
@@ -34,9 +35,6 @@ REPORT_EVERY_SECONDS = 5.0
 """How often a waiting worker says whom it waits for."""
 FIRST_REPORT_SECONDS = 1.0
 """When a waiting worker first says whom it waits for."""
-PRIVATE_NETWORK_ENV = "TFPAR_PRIVATE_NETWORK"
-"""Set to "1" by the launcher when the workers run on a private network (.private_network)."""
-
 
 # What a waiting task's port answers with: any first bytes tell a peer it is up. Once the task
 # has started TensorFlow's server, that server answers instead (gRPC's HTTP/2 SETTINGS frame,
@@ -205,7 +203,7 @@ def connect(make: Callable[[], tf.distribute.Strategy],
             before every task registered.
     """
     if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
-        if os.environ.get(PRIVATE_NETWORK_ENV) != "1":
+        if os.environ.get(protocol.PRIVATE_NETWORK_ENV) != "1":
             address = cluster_resolver.cluster_spec().task_address(cluster_resolver.task_type,
                                                                    cluster_resolver.task_id)
             logging.warning(
