@@ -227,5 +227,20 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
                           "False"], result.stderr[-2000:])
 
 
+class GpusGivenTest(tf.test.TestCase):
+
+    def test_a_launched_worker_trains_on_the_gpus_it_was_given(self):
+        given = {"TFPAR_WORKER_SLOT": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+        with mock.patch.dict(os.environ, given):
+            self.assertEqual(train_cli._gpus_given(), 2)
+        with mock.patch.dict(os.environ, {**given, "CUDA_VISIBLE_DEVICES": ""}):
+            self.assertEqual(train_cli._gpus_given(), 0)  # Given none: the CPU.
+        # Not launched by tfpar: whatever CUDA shows is the user's to choose from.
+        environment = {k: v for k, v in os.environ.items() if k != "TFPAR_WORKER_SLOT"}
+        with mock.patch.dict(os.environ, {**environment, "CUDA_VISIBLE_DEVICES": "0,1"},
+                             clear=True):
+            self.assertEqual(train_cli._gpus_given(), 0)
+
+
 if __name__ == "__main__":
     tf.test.main()

@@ -104,8 +104,9 @@ class WaitForPeersTest(tf.test.TestCase):
         cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
         self.assertGreater(time.monotonic() - start, 0.9)  # It waited for the peer to leave.
         start = time.monotonic()
-        cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=10)
-        self.assertLess(time.monotonic() - start, 9)  # Not the 10 s timeout: the peer was gone.
+        cluster_peers.leave_last(self._resolver(self._free_port(), port), timeout=120)
+        # The peer was gone: it returned long before its timeout.
+        self.assertLess(time.monotonic() - start, 60)
 
     def test_the_chief_stopped_while_it_waits_leaves_quietly(self):
         # A peer that answers for ever (a hung worker whose port still accepts); the launcher
@@ -117,8 +118,9 @@ class WaitForPeersTest(tf.test.TestCase):
         threading.Timer(0.5, signal.pthread_kill, (threading.get_ident(), signal.SIGINT)).start()
         start = time.monotonic()
         cluster_peers.leave_last(self._resolver(self._free_port(), peer.getsockname()[1]),
-                                 timeout=10)
-        self.assertLess(time.monotonic() - start, 5)
+                                 timeout=120)
+        # Stopped by the interrupt, long before its timeout.
+        self.assertLess(time.monotonic() - start, 60)
 
     def test_says_whom_it_waits_for_and_gives_up(self):
         own, peer = launcher.free_ports(2)

@@ -36,10 +36,10 @@ EXAMPLES, BATCH, EPOCHS = 80, 16, 3
 IMAGE = (12, 12, 1)
 
 
-def small_resnet() -> keras.Model:
+def small_resnet(synchronized: bool = False) -> keras.Model:
     """A ResNet with BatchNorm after every convolution, small enough for the suite."""
     model = resnet_lib.resnet((4, 8), (1, 1), num_classes=3, input_shape=IMAGE,
-                              name="small_resnet")
+                              synchronized_batchnorm=synchronized, name="small_resnet")
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -76,7 +76,10 @@ def users_functional() -> keras.Model:
     return model
 
 
-MODELS = {"lenet": lenet, "small_resnet": small_resnet, "users_functional": users_functional}
+MODELS = {"lenet": lenet, "small_resnet": small_resnet,
+          # Statistics over the global batch: the replicas' copies agree, nothing extra saved.
+          "small_resnet_synchronized": lambda: small_resnet(synchronized=True),
+          "users_functional": users_functional}
 
 
 def examples():
