@@ -56,7 +56,7 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
     def test_a_changed_number_of_replicas_gets_the_mean(self):
         copies = replica_copies.gather(self.trained(2))
         four = self.trained(4)
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs(logger="absl", level="INFO") as logs:  # Whatever its verbosity.
             replica_copies.scatter(four, copies)
         self.assertIn("saved by 2 replicas; each of the 4 replicas now starts from their mean",
                       logs.output[0])

@@ -97,12 +97,18 @@ def unknown_size_data() -> tf.data.Dataset:
 
 
 def state(model: keras.Model) -> dict[tuple[int, int], tuple[str, np.ndarray]]:
-    """Every variable of the model and its optimizer, each replica's copy apart, by (place,
-    replica) (two models' layer names differ by a number), with its path."""
+    """Every variable of the model and its optimizer, each replica's copy apart (those the
+    replicas read), by (place, replica) (two models' layer names differ by a number), with its
+    path."""
     values = {}
     for place, variable in enumerate([*model.variables, *model.optimizer.variables]):
         tensor = getattr(variable, "value", variable)
         copies = getattr(tensor, "values", (tensor,))
+        if getattr(tensor, "aggregation", None) == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+            # Read from the first replica only (the optimizer's step count): the others'
+            # copies are never read, and TensorFlow may leave them a step apart when a step
+            # of data of unknown size finds the data's end.
+            copies = copies[:1]
         for replica, copy in enumerate(copies):
             values[(place, replica)] = (variable.path, copy.numpy())
     return values
