@@ -97,7 +97,7 @@ class IteratorReleaseTest(testing.StrategyTestCase):
 
     def test_not_applied_outside_the_verified_tensorflow(self):
         strategy = self.strategy("mirrored", 2)
-        with mock.patch.object(iterator_release, "_tensorflow_version", lambda: (2, 99)):
+        with mock.patch.object(iterator_release, "_tensorflow_version", lambda: "2.99.0"):
             self.assertFalse(iterator_release.applies())
             dataset = strategy.experimental_distribute_dataset(
                 tf.data.Dataset.range(8).batch(2))

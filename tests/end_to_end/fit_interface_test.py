@@ -15,6 +15,7 @@ from absl.testing import parameterized
 
 from tfpar import testing
 from tfpar.compat import keras_fixes
+from tfpar.compat import versions
 from tfpar.errors import ConfigError
 from tfpar.errors import InexactUpdateWarning
 
@@ -115,8 +116,16 @@ class EveryEntryTest(testing.StrategyTestCase):
             m.fit(data, verbose=0)
         self.assertAllClose(reference.predict(even, verbose=0), model.predict(even, verbose=0),
                             rtol=1e-5, atol=1e-6)
-        self.assertAllClose(reference.evaluate(even, verbose=0, return_dict=True),
-                            model.evaluate(even, verbose=0, return_dict=True), rtol=1e-5)
+        expected = reference.evaluate(even, verbose=0, return_dict=True)
+        got = model.evaluate(even, verbose=0, return_dict=True)
+        if versions.major_minor(keras.version()) >= (3, 16) and len(expected) > 2:
+            # Keras 3.16 weights a per-output loss by the batch size when the traced batch
+            # dimension is known: on one device 4, 4 and then 1 for the retraced last batch of
+            # 2, under a strategy every batch by its size. Only the total loss and the metrics
+            # are comparable there.
+            for name in [k for k in expected if k.endswith("_loss")]:
+                expected.pop(name), got.pop(name)
+        self.assertAllClose(expected, got, rtol=1e-5)
 
     @testing.for_each_strategy(num_devices=(2,))
     def test_sequential(self, strategy_name, num_devices):

@@ -3,13 +3,17 @@
 # Changed only how the strategy is built: `self.make_strategy()` (tfpar.strategies.get of the
 # class's ENTRY on 2 devices) where the original builds tf.distribute.MirroredStrategy(["CPU:0",
 # "CPU:1"]), and setUp no longer resets TensorFlow's context to split the CPU (the suite has
-# split it already). The classes at the end run every test under each tfpar entry it applies
+# split it already), and tensors are made with the public `keras.ops.convert_to_tensor` (Keras
+# 3.16 no longer has `keras.src.backend.convert_to_tensor`), and `test_weight_decay` excludes
+# variables before `strategy.run`, not inside it (Keras 3.16 allows `exclude_from_weight_decay`
+# only before the optimizer is built, which the first replica's `apply_gradients` does). The classes at the end run every test under each tfpar entry it applies
 # to; what does not apply is skipped with its reason.
 
 # flake8: noqa
 
 import numpy as np
 import pytest
+import keras
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -79,17 +83,17 @@ class OptimizerDistributeTest(testing.TestCase):
             )
 
             optimizer_2 = SGD(learning_rate=1.0, weight_decay=0.004)
+            optimizer_2.exclude_from_weight_decay(var_names=["exclude"])
 
             def opt2_run():
-                optimizer_2.exclude_from_weight_decay(var_names=["exclude"])
                 optimizer_2.apply_gradients(zip([grads, grads], [var1, var2]))
 
             self.strategy.run(opt2_run)
 
             optimizer_3 = SGD(learning_rate=1.0, weight_decay=0.004)
+            optimizer_3.exclude_from_weight_decay(var_list=[var3])
 
             def opt3_run():
-                optimizer_3.exclude_from_weight_decay(var_list=[var3])
                 optimizer_3.apply_gradients(zip([grads, grads], [var1, var3]))
 
             self.strategy.run(opt3_run)
@@ -104,11 +108,11 @@ class OptimizerDistributeTest(testing.TestCase):
             x = backend.Variable(np.ones([10]))
 
             def update_grads():
-                grads = backend.convert_to_tensor(np.arange(0.1, 1.1, 0.1))
+                grads = keras.ops.convert_to_tensor(np.arange(0.1, 1.1, 0.1))
                 optimizer.apply_gradients(zip([grads], [x]))
 
             def update_first_grads():
-                first_grads = backend.convert_to_tensor(np.full((10,), 0.01))
+                first_grads = keras.ops.convert_to_tensor(np.full((10,), 0.01))
                 optimizer.apply_gradients(zip([first_grads], [x]))
 
         # fmt: off
@@ -153,7 +157,7 @@ class OptimizerDistributeTest(testing.TestCase):
     def test_ema(self):
         with self.strategy.scope():
             v = backend.Variable([[3.0, 4.0], [5.0, 6.0]])
-            grads = backend.convert_to_tensor([[1.0, 1.0], [1.0, 1.0]])
+            grads = keras.ops.convert_to_tensor([[1.0, 1.0], [1.0, 1.0]])
             optimizer = SGD(
                 learning_rate=1.0,
                 use_ema=True,
@@ -183,7 +187,7 @@ class OptimizerDistributeTest(testing.TestCase):
     def test_gradient_accumulation(self):
         with self.strategy.scope():
             v = backend.Variable([[1.0, 2.0], [3.0, 4.0]])
-            grads = backend.convert_to_tensor([[1.0, 1.0], [2.0, 2.0]])
+            grads = keras.ops.convert_to_tensor([[1.0, 1.0], [2.0, 2.0]])
             optimizer = SGD(learning_rate=1.0, gradient_accumulation_steps=3)
             self.assertEqual(optimizer.gradient_accumulation_steps, 3)
             self.strategy.run(lambda: optimizer.apply_gradients([(grads, v)]))

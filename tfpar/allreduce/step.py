@@ -140,6 +140,21 @@ def _synchronizes(layer: keras.layers.Layer) -> bool:
         _synchronizes(inner) for inner in getattr(layer, "layers", ()))
 
 
+def _unknown_if_empty(tensor: Any) -> Any:
+    """``tensor`` with its batch size left unknown to the trace when it is known to be 0.
+
+    Keras traces a step with the first batch's static shapes (Keras 3.16 does, for
+    ``steps_per_execution=1``), so a replica given no examples of that batch sees a static
+    batch of 0, for which Keras's losses return their unreduced per-example values (shape
+    ``(0,)``) instead of a mean, and adding those to a scalar fails while tracing. The step
+    never runs the model on such a shard (it adds zero gradients), but it is traced.
+    """
+    if (not tf.is_tensor(tensor) or tensor.shape.rank is None or tensor.shape.rank == 0
+            or tensor.shape[0] != 0):
+        return tensor
+    return tf.compat.v1.placeholder_with_default(tensor, [None, *tensor.shape[1:]])
+
+
 def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]]:
     """Splits this replica's shard into ``k`` consecutive micro-batches (sizes differ by <= 1)."""
     if k == 1:
@@ -149,7 +164,8 @@ def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]
 
     def part(j: int):
         return tree.map_structure(
-            lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]], data)
+            lambda t: None if t is None else _unknown_if_empty(t[starts[j]:starts[j] + sizes[j]]),
+            data)
 
     return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
@@ -180,7 +196,8 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
         ConfigError: For an optimizer feature the step cannot apply.
     """
     check_optimizer(model.optimizer, model.trainable_variables)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
+        tree.map_structure(_unknown_if_empty, data))
     step = _ReplicaStep(model, options)
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)

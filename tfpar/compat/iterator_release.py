@@ -49,17 +49,15 @@ _GRACE_SECONDS = 0.1
 _EXIT_TIMEOUT_SECONDS = 60.0
 
 
-def _tensorflow_version() -> tuple[int, int]:
-    return versions.major_minor(tf.__version__)
+def _tensorflow_version() -> str:
+    return tf.__version__
 
 
 def _skip_reason() -> str | None:
     if os.environ.get(MODE_ENV, "") == "off":
         return f"{MODE_ENV}=off"
-    low, high = VERIFIED_TENSORFLOW
-    if not low <= _tensorflow_version() <= high:
-        return (f"TensorFlow {tf.__version__} is outside {low[0]}.{low[1]} to "
-                f"{high[0]}.{high[1]}")
+    if not versions.tensorflow_verified(_tensorflow_version()):
+        return f"TensorFlow {_tensorflow_version()} is outside {versions.tensorflow_range_text()}"
     return None
 
 

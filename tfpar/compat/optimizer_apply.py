@@ -50,7 +50,10 @@ APPLY_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients", "_backe
                  "_apply_weight_decay", "_clip_gradients",
                  "_update_model_variables_moving_average",
                  "_overwrite_model_variables_with_average_value",
+                 "_backend_maybe_overwrite_model_variables",
                  "_backend_increment_gradient_accumulators")
+# The methods of APPLY_METHODS that Keras has only from a release on.
+APPLY_METHODS_SINCE = {"_backend_maybe_overwrite_model_variables": (3, 16)}
 
 
 def overridden_methods(optimizer: keras.optimizers.Optimizer) -> list[str]:

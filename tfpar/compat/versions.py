@@ -14,8 +14,13 @@ VERIFIED_KERAS = ((3, 0), (3, 15))
 # (major, minor) versions of TensorFlow the TensorFlow workarounds were verified against,
 # inclusive: those setup.cfg allows (measured on 2.21).
 VERIFIED_TENSORFLOW = ((2, 16), (2, 21))
+# The previews of the next releases the whole README test command runs on in CI, exactly these
+# builds (`.ci/next_releases.txt` pins them; a test holds the two together). The workarounds
+# apply on them as on the verified releases; other builds of the same minor stay unverified
+# until their final release passes.
+PREVIEWS = {"tensorflow": "2.22.0rc0", "keras": "3.16.0.dev2026102704"}
 # "force": use the workarounds on any Keras (to check a new release, see DEVELOPERS.md);
-# "off": never. Unset: only on VERIFIED_KERAS.
+# "off": never. Unset: only on VERIFIED_KERAS and the Keras of PREVIEWS.
 KERAS_MODE_ENV = "TFPAR_KERAS_FIXES"
 
 
@@ -33,22 +38,37 @@ def major_minor(version: str) -> tuple[int, int]:
     return int(major), int(minor[:digits] or 0)
 
 
+def same_release(version: str, other: str) -> bool:
+    """Whether two version strings name one build (``"2.22.0-rc0"`` is ``"2.22.0rc0"``)."""
+    return version.replace("-", "").lower() == other.replace("-", "").lower()
+
+
+def keras_verified(keras_version: str) -> bool:
+    """Whether ``keras_version`` is in :data:`VERIFIED_KERAS` or is the Keras preview CI runs."""
+    low, high = VERIFIED_KERAS
+    return (low <= major_minor(keras_version) <= high
+            or same_release(keras_version, PREVIEWS["keras"]))
+
+
 def keras_range_text() -> str:
-    """The verified Keras range as text, e.g. ``"3.0 to 3.15"``."""
+    """The verified Keras range as text, e.g. ``"3.0 to 3.15, and the preview 3.16.0.dev1"``."""
     (low, high) = VERIFIED_KERAS
-    return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+    return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}, and the preview {PREVIEWS['keras']}"
 
 
 def tensorflow_verified(tensorflow_version: str) -> bool:
-    """Whether ``tensorflow_version`` is in :data:`VERIFIED_TENSORFLOW`."""
+    """Whether ``tensorflow_version`` is in :data:`VERIFIED_TENSORFLOW` or is the TensorFlow
+    preview CI runs (:data:`PREVIEWS`)."""
     low, high = VERIFIED_TENSORFLOW
-    return low <= major_minor(tensorflow_version) <= high
+    return (low <= major_minor(tensorflow_version) <= high
+            or same_release(tensorflow_version, PREVIEWS["tensorflow"]))
 
 
 def tensorflow_range_text() -> str:
-    """The verified TensorFlow range as text, e.g. ``"2.16 to 2.21"``."""
+    """The verified TensorFlow range as text, e.g. ``"2.16 to 2.21, and the preview 2.22.0rc0"``."""
     (low, high) = VERIFIED_TENSORFLOW
-    return f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+    return (f"{low[0]}.{low[1]} to {high[0]}.{high[1]}, "
+            f"and the preview {PREVIEWS['tensorflow']}")
 
 
 def keras_skip_reason(keras_version: str) -> str | None:
@@ -66,8 +86,7 @@ def keras_skip_reason(keras_version: str) -> str | None:
         return f"{KERAS_MODE_ENV}=off"
     if mode == "force":
         return None
-    (low, high) = VERIFIED_KERAS
-    if not low <= major_minor(keras_version) <= high:
+    if not keras_verified(keras_version):
         return (f"Keras {keras_version} is outside the versions they were verified against "
                 f"({keras_range_text()}); set {KERAS_MODE_ENV}=force to try them")
     return None

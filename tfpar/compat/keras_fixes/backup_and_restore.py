@@ -22,6 +22,8 @@ Fails without it: ``tests/compat/keras_fixes_test.py`` (``BackupAndRestoreTest``
 ``test_a_worker_that_is_not_the_chief_leaves_the_backup_alone``) and
 ``tests/end_to_end/exactness_test.py`` (the ``backup_and_restore_kill`` cells of the models
 with BatchNorm and Dropout).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ strategy sums as increments; everywhere else Keras's code runs.
 Upstream: none found. Checked on Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15.
 Fails without it: ``tests/strategies/central_storage_test.py``
 (``test_keras_miscounts_without_the_fix``).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class Fix:
     wrap: Callable[[Callable], Callable]
     parameters: tuple[str, ...] = ()
     upstream: str = "none found"
-    read_against: str = "3.0 to 3.15"
+    read_against: str = "3.0 to 3.15 and 3.16.0.dev2026102704"
 
     def target(self) -> tuple[Any, Callable]:
         """The owner and the original it wraps.

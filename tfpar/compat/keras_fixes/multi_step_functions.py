@@ -10,6 +10,8 @@ at its first call (keras-team/keras#19246; the cause is TensorFlow's, see
 Upstream: keras-team/keras#19246. Checked on Keras 3.15.1; the wrapped code is the same from
 3.0 to 3.15. Fails without it: ``tests/compat/keras_fixes_test.py``
 (``test_several_steps_per_call_fail_across_workers_without_the_fix``).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Upstream: part of Keras 3's missing multi-worker support, keras-team/keras#20585
 Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15. Fails without it:
 ``tests/compat/keras_fixes_test.py``
 (``test_multi_worker_fit_stops_after_one_step_without_the_log_fix``).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations

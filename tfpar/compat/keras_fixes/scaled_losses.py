@@ -15,6 +15,8 @@ untouched, and a value the user scaled back (``loss * N``) is a new, unmarked on
 Upstream: none found. Checked on Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15.
 Fails without it: ``tests/end_to_end/fit_interface_test.py``
 (``test_half_the_loss_without_the_fix``).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Keras's own method the first local replica's shard as ``data_batch`` instead.
 Upstream: keras-team/keras#20585, tensorflow/tensorflow#72388. Checked on Keras 3.15.1; the
 wrapped code is the same from 3.0 to 3.15. Fails without it:
 ``tests/compat/keras_fixes_test.py`` (``test_uneven_first_batch_crashes_without_the_fix``).
+Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
+the fix).
 """
 
 from __future__ import annotations
