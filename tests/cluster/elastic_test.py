@@ -57,7 +57,7 @@ class WorkerRangeTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(slots.can_lose(3))
         slots.lose(3, epochs_done=1)
         self.assertEqual((slots.running, slots.lost, slots.next_try_epochs), ([0, 1, 2], [3], 2))
-        self.assertEqual(slots.who(2), "worker 2")
+        self.assertEqual(elastic.worker_words(2, slots.running), "worker 2")
         self.assertEqual(slots.rejoin(), [3])
         slots.lose(3, epochs_done=2)  # Failed again on rejoining: tried after 2 more epochs.
         self.assertEqual(slots.next_try_epochs, 4)
@@ -68,7 +68,7 @@ class WorkerRangeTest(tf.test.TestCase, parameterized.TestCase):
         slots.settled()  # It stayed: no longer on trial.
         slots.lose(0, epochs_done=9)
         self.assertEqual(slots.next_try_epochs, 10)
-        self.assertEqual(slots.who(0), "worker 0 (slot 1)")
+        self.assertEqual(elastic.worker_words(0, slots.running), "worker 0 (slot 1)")
         slots.lose(1, epochs_done=9)
         self.assertFalse(slots.can_lose(2))  # 2 is the minimum.
         self.assertFalse(elastic.WorkerSlots(4, 4).can_lose(3))  # Not elastic.

@@ -20,8 +20,8 @@ PUBLIC_MODULES = ("tfpar.devices", "tfpar.errors", "tfpar.ray", "tfpar.host.thre
                   "tfpar.strategies.one_device", "tfpar.strategies.allreduce",
                   "tfpar.strategies.multi_worker", "tfpar.strategies.multi_worker_options",
                   "tfpar.strategies.cross_device_ops", "tfpar.benchmark.config")
-DEPRECATED = ("tfpar.multiworker", "tfpar.machine", "tfpar.thread_layouts", "tfpar.evaluation",
-              "tfpar.schedules", "tfpar.benchmark.configuration", "tfpar.keras_fixes")
+DEPRECATED = ("tfpar.multiworker", "tfpar.evaluation", "tfpar.schedules",
+              "tfpar.benchmark.configuration", "tfpar.keras_fixes")
 
 
 def read(path: str) -> str:

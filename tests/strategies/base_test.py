@@ -142,9 +142,12 @@ class BaseTest(testing.StrategyTestCase):
                 refusals.MULTI_STEP_EXECUTION(workers, step)
 
     def test_the_former_early_check_only_warns(self):
+        with self.assertWarnsRegex(DeprecationWarning, r"tfpar\.multiworker\.strategy is "):
+            from tfpar.multiworker import strategy as former
         with self.assertWarnsRegex(DeprecationWarning, r"check_steps_per_execution is deprecated "
                                    r".*\.refusals\.MULTI_STEP_EXECUTION .* removed in 0\.4\.0"):
-            multi_worker_options.check_steps_per_execution(4)
+            former.check_steps_per_execution(4)
+        self.assertEqual(former.IMPLEMENTATIONS, multi_worker_options.IMPLEMENTATIONS)
 
     def test_several_replicas_install_the_keras_fixes(self):
         keras_fixes.uninstall()

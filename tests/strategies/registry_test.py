@@ -38,9 +38,6 @@ class RegisterTest(testing.StrategyTestCase):
             strategy = strategies.get("mine", 2, scale=3)
         self.assertEqual(strategy.num_replicas_in_sync, 2)
         self.assertEqual(strategies.selection(strategy).options, {"scale": 3})
-        with self.assertWarnsRegex(DeprecationWarning, r"strategy\.tfpar is deprecated .* use "
-                                   r"tfpar\.strategies\.selection\(strategy\)"):
-            self.assertEqual(strategy.tfpar.options, {"scale": 3})
         self.assertTrue(callable(mine))
 
     def test_a_choice_is_resolved_once_and_builds_what_get_builds(self):

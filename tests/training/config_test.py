@@ -32,8 +32,6 @@ class StrategyFieldTest(tf.test.TestCase):
             config = TrainConfig(strategy="allreduce",
                                  strategy_options={"accumulation_steps": 2})
         self.assertEqual(config.strategy.micro_batches, 2)
-        with self.assertWarnsRegex(DeprecationWarning, r"use TrainConfig\.strategy"):
-            self.assertIs(config.choice, config.strategy)
 
     def test_comparing_the_strategy_with_a_name_warns_and_still_matches(self):
         with self.assertWarnsRegex(DeprecationWarning, r"compare its \.name"):

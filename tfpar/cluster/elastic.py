@@ -86,10 +86,6 @@ class WorkerSlots:
         """The slot of the worker of rank ``rank`` in the current start."""
         return self.running[rank]
 
-    def who(self, rank: int) -> str:
-        """The worker of rank ``rank`` in words (see :func:`worker_words`)."""
-        return worker_words(rank, self.running)
-
     def can_lose(self, slot: int) -> bool:
         """Whether the job keeps at least ``minimum`` workers without ``slot``."""
         return self.elastic and len([s for s in self.running if s != slot]) >= self.minimum

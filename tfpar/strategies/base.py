@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -66,16 +65,6 @@ class TfparStrategy(_StrategyBase):
         super().__init__(*args, **kwargs)
         if self.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
             keras_fixes.install()
-
-    @property
-    def tfpar(self) -> Any:
-        """Deprecated since 0.3.0, removed in 0.4.0: use
-        ``tfpar.strategies.selection(strategy)``."""
-        warnings.warn("strategy.tfpar is deprecated and will be removed in 0.4.0; use "
-                      "tfpar.strategies.selection(strategy).", DeprecationWarning, stacklevel=2)
-        from tfpar.strategies import registry
-
-        return registry.selection(self)
 
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The step hook: a function to run in place of ``step``, or ``None`` for ``step``.

@@ -5,7 +5,6 @@ The strategies themselves are built in :mod:`.multi_worker`."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
@@ -54,20 +53,3 @@ class MultiWorkerOptions:
                               f"{{argument}}={self.cluster_timeout!r}.",
                               argument="cluster_timeout")
         coordination.check_heartbeat_timeout(self.heartbeat_timeout)
-
-
-def check_steps_per_execution(steps_per_execution: int) -> None:
-    """Deprecated: does nothing; ``steps_per_execution > 1`` runs across workers.
-
-    Where it cannot (tfpar's fix of Keras's multi-step loop not applied), the strategies refuse
-    it at the first step: :data:`tfpar.strategies.refusals.MULTI_STEP_EXECUTION`. Removed in
-    0.4.0.
-
-    Args:
-        steps_per_execution: Unused.
-    """
-    del steps_per_execution
-    warnings.warn("tfpar.strategies.multi_worker_options.check_steps_per_execution is "
-                  "deprecated and does nothing: steps_per_execution > 1 runs across workers, "
-                  "and tfpar.strategies.refusals.MULTI_STEP_EXECUTION refuses it where it "
-                  "cannot. It will be removed in 0.4.0.", DeprecationWarning, stacklevel=2)

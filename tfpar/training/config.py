@@ -168,13 +168,6 @@ class TrainConfig:
         object.__setattr__(self, "strategy", choice)
         object.__setattr__(self, "strategy_options", {})
 
-    @property
-    def choice(self) -> StrategyChoice:
-        """Deprecated since 0.3.0, removed in 0.4.0: the same as :attr:`strategy`."""
-        warnings.warn("TrainConfig.choice is deprecated and will be removed in tfpar 0.4.0: "
-                      "use TrainConfig.strategy.", DeprecationWarning, stacklevel=2)
-        return self.strategy
-
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON-ready values: every field, the strategy as its registry name and
         its options under ``strategy_options``."""
