@@ -5,6 +5,8 @@ import sys
 
 import tensorflow as tf
 
+import tfpar
+
 # The programs (each defines its flags: one per process) and the modules they read before they
 # import TensorFlow (flags, --help, listings).
 PROGRAMS = ("tfpar.cli.train", "tfpar.cli.benchmark", "tfpar.cli.launch", "tfpar.cli.env")
@@ -72,8 +74,9 @@ class LazyExportsTest(tf.test.TestCase):
                                  "import tfpar.ray"], capture_output=True, text=True, timeout=120)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines()[-1],
-                         'ImportError: tfpar.ray needs Ray Train, which is not installed: pip '
-                         'install "tfpar[ray]" (or pip install -e ".[ray]" in a checkout).')
+                         "ImportError: " + 'tfpar.ray needs Ray Train, which is not installed: '
+                         f'install tfpar with its ray extra (pip install "tfpar-{tfpar.__version__}'
+                         '-py3-none-any.whl[ray]", or pip install -e ".[ray]" in a checkout).')
 
     def test_a_name_that_does_not_exist(self):
         import tfpar.data

@@ -12,7 +12,7 @@ Modules import TensorFlow lazily where they can, so that :mod:`tfpar.devices` ca
 CPU into logical devices before TensorFlow initialises.
 """
 
-__version__ = "0.3.0.dev0"  # Unreleased: see CHANGELOG.md.
+__version__ = "0.3.0"
 
 from tfpar import lazy_exports
 

@@ -4,7 +4,7 @@ A device set is written as a count (``2``) or as names (``GPU:0,GPU:1``, ``CPU:0
 A count uses that many GPUs when the machine has them; otherwise the CPU is split into that
 many logical devices, which must happen before TensorFlow initialises its runtime. So callers
 that will need several device sets in one process call :func:`resolve` for the largest first
-(``scripts/train.py`` does), or call :func:`ensure_logical_cpus` at start-up.
+(``tfpar-train`` does), or call :func:`ensure_logical_cpus` at start-up.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def ensure_logical_cpus(count: int, threads_per_device: int | None = None, *,
     one thread then take turns on that one thread (no faster than one device), and with more
     threads they fight over all cores. So when
     this function splits the CPU into ``n > 1`` devices it lays the threads out as this
-    machine kind was tuned to (``scripts/benchmark.py --tune``, :mod:`tfpar.host.thread_layouts`),
+    machine kind was tuned to (``tfpar-benchmark --tune``, :mod:`tfpar.host.thread_layouts`),
     or else by default gives each device a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL=1``,
     unless that variable is set already) of ``cores // n`` intra-op threads, and ``n``
     inter-op threads to drive the replicas side by side. A logical device is then like one

@@ -24,7 +24,7 @@ a state is also reported every N steps inside an epoch, and a restart resumes at
 after it, with each replica's own BatchNorm statistics and the partial epoch's metrics, as a
 resume from a notice does (:class:`tfpar.callbacks.EpochCheckpoint`).
 
-Install with ``pip install "tfpar[ray]"``.
+Install tfpar with its ``ray`` extra: ``pip install "tfpar-0.3.0-py3-none-any.whl[ray]"``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ from tfpar.cluster import spec as cluster_spec
 try:
     import ray.train
 except ImportError:  # Said in one line; the example turns it into its exit message.
-    raise ImportError("tfpar.ray needs Ray Train, which is not installed: pip install "
-                      "\"tfpar[ray]\" (or pip install -e \".[ray]\" in a checkout).") from None
+    import tfpar
+
+    raise ImportError("tfpar.ray needs Ray Train, which is not installed: install tfpar with "
+                      f"its ray extra (pip install \"tfpar-{tfpar.__version__}-py3-none-any.whl"
+                      "[ray]\", or pip install -e \".[ray]\" in a checkout).") from None
 
 CHECKPOINT_PREFIX = "epoch_"
 """: The prefix of the checkpoint folders reported to Ray (``epoch_000003``: after 3 epochs;

@@ -76,7 +76,7 @@ class ChosenForTheMachineTest(tf.test.TestCase):
         self.assertCountEqual(said, [
             "Chosen for 1 device(s): precision mixed_bfloat16 (this CPU runs bfloat16 "
             "natively (AMX-BF16)); 1 step(s) per compiled call (not tuned on this machine "
-            "kind (scripts/benchmark.py --tune times several steps per call)).",
+            "kind (tfpar-benchmark --tune times several steps per call)).",
             "Chosen for 2 device(s): precision float32 (mixed_bfloat16 ran 0.90x float32 "
             "when tuned on this machine kind); 8 step(s) per compiled call (8 steps per "
             "compiled call ran 1.20x faster when tuned on this machine kind).",

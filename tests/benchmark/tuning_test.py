@@ -57,7 +57,7 @@ class TuneTest(tf.test.TestCase):
         self.assertIn("Thread layouts for 2 devices (lenet, allreduce):", text)
         self.assertIn("each compiled call costs 9% of a step's time here: "
                       "compile(steps_per_execution=8)", text)
-        self.assertIn("one process per device pays here: scripts/launch.py --num_workers=2 "
+        self.assertIn("one process per device pays here: tfpar-launch --num_workers=2 "
                       "-- <your command with strategy multi_worker_allreduce>", text)
         record = self.stored()["2"]
         self.assertEqual((record["steps_per_execution"], record["one_process_per_device"]),

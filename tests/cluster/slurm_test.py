@@ -90,6 +90,30 @@ class SlurmTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(ports, 8)
         self.assertTrue(all(slurm.PORT_LOW <= port < slurm.PORT_HIGH for port in ports))
 
+    def test_jobs_whose_blocks_meet_part_at_their_next_step(self):
+        blocks = (slurm.PORT_HIGH - slurm.PORT_LOW) // slurm.PORT_BLOCK
+        self.assertEqual(blocks, 781)
+        first, second = (srun_environment(job_id=str(job)) for job in (4242, 4242 + blocks))
+        self.assertEqual(slurm.port_base(first, 2), slurm.port_base(second, 2))
+        retried = {**second, "SLURM_STEP_ID": "1"}
+        self.assertNotIn(slurm.port_base(retried, 2),
+                         {slurm.port_base({**first, "SLURM_STEP_ID": str(step)}, 2)
+                          for step in range(4)})
+        self.assertNotEqual(slurm.port_base({**first, "SLURM_STEP_ID": "1"}, 2),
+                            slurm.port_base(retried, 2))
+
+    def test_ports_srun_reserved_are_used(self):
+        environ = srun_environment(SLURM_STEP_RESV_PORTS="12000-12003")
+        self.assertEqual(slurm.port_base(environ, 2), 12000)
+        spec = self.resolve(environ)[0]
+        self.assertEqual(spec["worker"], ["localhost:12000", "localhost:12001"])
+        with self.assertRaisesRegex(ClusterError, r"^srun reserved the ports 12000,12005 for "
+                                                  r"this step; its 2 tasks on a node need as "
+                                                  r"many consecutive ports\."):
+            slurm.port_base(srun_environment(SLURM_STEP_RESV_PORTS="12000,12005"), 2)
+        with self.assertRaisesRegex(ClusterError, r"SLURM_STEP_RESV_PORTS lists ports as"):
+            slurm.port_base(srun_environment(SLURM_STEP_RESV_PORTS="twelve"), 2)
+
     def test_tasks_per_node(self):
         self.assertEqual(slurm.tasks_per_node("2(x3),1"), [2, 2, 2, 1])
         with self.assertRaisesRegex(ClusterError, r"as '2\(x3\),1'\. Received: '2x3'"):
@@ -148,3 +172,60 @@ class EmulatedSrunTest(tf.test.TestCase):
             final = np.load(os.path.join(self.get_temp_dir(), f"final_{job_id}.npz"))
             for expected, actual in zip(reference.get_weights(), final.values()):
                 self.assertAllClose(expected, actual, rtol=1e-5, atol=1e-6)
+
+
+class PortBlocksTest(tf.test.TestCase):
+    """Two jobs on one node whose ids give the same block of ports (781 apart), each started as
+    srun starts its tasks and rerun as the sbatch recipe reruns a step that exited 75."""
+
+    def train(self, network, job_id: str, step: int, epochs: int) -> list[subprocess.Popen]:
+        tasks = []
+        for rank in range(2):
+            environ = {**os.environ, **srun_environment(job_id=job_id, rank=rank, tasks=2,
+                                                        per_node="2"),
+                       "SLURM_STEP_ID": str(step), "TF_CPP_MIN_LOG_LEVEL": "2"}
+            for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_RESV_PORTS"):
+                environ.pop(name, None)
+            tasks.append(subprocess.Popen(
+                [sys.executable, "-c", "from tfpar.cli import train; train.run()",
+                 "--strategy=multi_worker", "--cluster=slurm", "--dataset=digits",
+                 "--model=lenet", f"--epochs={epochs}", "--batch_size=128",
+                 "--cluster_timeout=60"],
+                env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                preexec_fn=network.enter))
+        return tasks
+
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
+    def test_two_jobs_781_ids_apart_on_one_node_both_train(self):
+        first, second = "4242", str(4242 + 781)
+        port = slurm.port_base(srun_environment(job_id=first), 2)
+        self.assertEqual(port, slurm.port_base(srun_environment(job_id=second), 2))
+        with private_network.Namespace() as network:  # The node: its own loopback.
+            running = self.train(network, first, 0, epochs=30)
+            try:
+                # The first job holds its ports once its servers are up.
+                probe = ("import socket, sys, time\n"
+                         "for _ in range(2400):\n"
+                         f"    if socket.socket().connect_ex(('127.0.0.1', {port})) == 0:\n"
+                         "        sys.exit(0)\n"
+                         "    time.sleep(0.05)\n"
+                         "sys.exit(1)\n")
+                self.assertEqual(subprocess.run([sys.executable, "-c", probe],
+                                                preexec_fn=network.enter,
+                                                timeout=180).returncode, 0)
+                # The second job's step meets them: exit 75, in one line.
+                met = self.train(network, second, 0, epochs=1)
+                outputs = [task.communicate(timeout=240)[0] for task in met]
+                self.assertIn(75, [task.returncode for task in met], outputs)
+                self.assertTrue(all(task.returncode in (75, 69) for task in met), outputs)
+                # Its next step takes another block and trains, beside the first job.
+                retried = self.train(network, second, 1, epochs=1)
+                outputs = [task.communicate(timeout=300)[0] for task in retried + running]
+            finally:
+                for task in running:
+                    task.kill()
+        for task, output in zip(retried + running, outputs):
+            self.assertEqual(task.returncode, 0, output[-3000:])
+        for chief in (outputs[0], outputs[2]):  # Each job's worker 0 reports.
+            self.assertIn("test acc:", chief)
+

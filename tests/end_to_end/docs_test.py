@@ -14,8 +14,11 @@ import sys
 import tensorflow as tf
 from absl.testing import parameterized
 
+import tfpar
 from tfpar import strategies
 from tfpar.cli import flag_reference
+from tfpar.errors import SIGNALLED
+from tfpar.errors import ExitStatus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "**",
@@ -24,6 +27,8 @@ PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "
 MARKED = re.compile(r"<!-- test: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
 # A marked diff runs as its "after" side (its context and added lines).
 MARKED_DIFF = re.compile(r"<!-- test: (\w+) -->\n```diff\n(.*?)```", re.DOTALL)
+# The pages a user reads: the changelog keeps its history as it was.
+USER_PAGES = [page for page in PAGES if os.path.basename(page) != "changelog.md"]
 SCRIPTS = {script: module for script, module in flag_reference.PROGRAMS.items()
            if not script.startswith("tfpar-")}
 
@@ -132,16 +137,64 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                                     and flag[2:] in defined[script])
                 self.assertTrue(known, f"tfpar-{script} has no --{flag}")
 
-    def test_checkout_commands_have_their_console_script_beside_them(self):
-        # pip users have tfpar-train, tfpar-launch and tfpar-benchmark, not a checkout's
-        # scripts/: a command block that runs scripts/X.py also shows tfpar-X.
-        missing = []
-        for page in PAGES:
-            for shell in re.findall(r"```(?:sh|console)?\n(.*?)```", read(page), re.DOTALL):
-                for name in set(re.findall(r"scripts/(\w+)\.py", shell)):
-                    if f"tfpar-{name}" not in shell:
-                        missing.append(f"{os.path.relpath(page, ROOT)}: scripts/{name}.py")
-        self.assertEqual(missing, [])
+    def test_no_user_facing_text_names_a_checkouts_scripts(self):
+        # pip users have tfpar-train, tfpar-launch, tfpar-benchmark and tfpar-env, not a
+        # checkout's scripts/: no page, program help, message or docstring of the package
+        # names them (the changelog keeps its history).
+        found = [f"{os.path.relpath(page, ROOT)}: {line.strip()}" for page in USER_PAGES
+                 for line in read(page).splitlines() if "scripts/" in line]
+        for source in glob.glob(os.path.join(ROOT, "tfpar", "**", "*.py"), recursive=True):
+            found += [f"{os.path.relpath(source, ROOT)}: {line.strip()}"
+                      for line in read(source).splitlines() if "scripts/" in line]
+        for program in ("train", "launch", "benchmark", "env"):
+            result = subprocess.run([sys.executable, "-c", f"from tfpar.cli import {program}; "
+                                     f"{program}.run()", "--help"], capture_output=True,
+                                    text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("--", result.stdout)
+            found += [f"tfpar-{program} --help: {line.strip()}"
+                      for line in result.stdout.splitlines() if "scripts/" in line]
+        self.assertEqual(found, [])
+
+    def test_install_lines_work_without_a_checkout_or_say_they_need_one(self):
+        # Every pip install line of the pages and the Kubernetes image: one that installs this
+        # directory (-e, ".", ".[extra]") says it is for a checkout; none names tfpar from a
+        # package index (none serves it yet); a wheel is the version built.
+        wheel = f"tfpar-{tfpar.__version__}-py3-none-any.whl"
+        needs_checkout = re.compile(r'(?:^|\s)(?:-e\s|"?\.(?:\[[\w,]+\])?"?(?:\s|$))')
+        from_index = re.compile(r'(?:^|\s)"?tfpar(?:\[[\w,]+\])?(?:[=<>~!]=?[\w.${}]+)?"?'
+                                r'(?:\s|$)')
+        problems, lines = [], 0
+        for page in [*USER_PAGES, os.path.join(ROOT, "examples", "kubernetes", "Dockerfile"),
+                     *glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True)]:
+            paragraphs = re.split(r"\n\s*\n", read(page))
+            for k, paragraph in enumerate(paragraphs):
+                # The paragraph, or the one before it (a code block's lead-in), says so.
+                context = (paragraphs[k - 1] if k else "") + paragraph
+                for line in re.findall(r"pip install ([^\n`]*)", paragraph):
+                    lines += 1
+                    where = f"{os.path.relpath(page, ROOT)}: pip install {line}"
+                    if needs_checkout.search(line) and "checkout" not in context:
+                        problems.append(f"{where} (needs a checkout, and does not say so)")
+                    if from_index.search(line):
+                        problems.append(f"{where} (no package index serves tfpar)")
+                    for named in re.findall(r"tfpar-[\w.]+-py3-none-any\.whl", line):
+                        if named != wheel and "$" not in line:
+                            problems.append(f"{where} (the wheel built is {wheel})")
+        self.assertGreater(lines, 10)
+        self.assertEqual(problems, [])
+
+    def test_the_errors_page_lists_every_status_the_code_defines(self):
+        page = read(os.path.join(ROOT, "docs", "reference", "errors.md"))
+        listed = re.findall(r"^\| (\d+(?: \+ N)?) \|", page, re.M)
+        expected = [str(int(status)) for status in ExitStatus] + [f"{SIGNALLED} + N"]
+        self.assertEqual(listed, expected)
+        # And every status the programs exit with is one of those (no bare numbers).
+        for source in glob.glob(os.path.join(ROOT, "tfpar", "**", "*.py"), recursive=True):
+            for status in re.findall(r"(?:sys\.exit|os\._exit|exit_status\s*=)\((\d+)\)",
+                                     read(source)):
+                self.assertIn(int(status), [int(s) for s in ExitStatus],
+                              f"{os.path.relpath(source, ROOT)} exits with {status}")
 
     def test_every_install_command_keeps_the_tests_runnable(self):
         # An install offered "instead" of the README's must still install what the README's

@@ -5,12 +5,15 @@ example says in one line what is missing. (The Ray example trains in tests/ray_t
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import tensorflow as tf
 import yaml
 
+import tfpar
 from tfpar.cluster import kubernetes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,8 +67,7 @@ class ExamplesTest(tf.test.TestCase):
     def test_the_sbatch_script_runs_the_train_command_under_srun(self):
         with open(os.path.join(EXAMPLES, "slurm", "train.sbatch")) as f:
             script = f.read()
-        (step,) = re.findall(r"^srun (.*?)(?: \|\| status=\$\?)?$", script.replace("\\\n", " "),
-                             re.M)
+        (step,) = re.findall(r"^\s*srun (.*?) &$", re.sub(r"\\\n\s*", " ", script), re.M)
         arguments = shlex.split(step)
         # Since Slurm 22.05 srun does not inherit --cpus-per-task.
         self.assertEqual(arguments[0], '--cpus-per-task=$SLURM_CPUS_PER_TASK')
@@ -83,36 +85,69 @@ class ExamplesTest(tf.test.TestCase):
                                 capture_output=True, text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
 
-    def test_the_sbatch_script_requeues_a_preempted_job_only(self):
-        # The script as sbatch runs it, with stand-ins for srun (exiting as the step would) and
-        # scontrol (recording what it was asked) and an empty environment to activate.
+    def stand_ins(self, srun_body: str) -> tuple[str, dict[str, str]]:
+        """Stand-ins for srun and scontrol (recording what they were asked) and an empty
+        environment to activate: the calls file and the environment sbatch would give."""
         base = self.get_temp_dir()
         bin_dir, venv = os.path.join(base, "bin"), os.path.join(base, "venv")
-        os.makedirs(bin_dir)
-        os.makedirs(os.path.join(venv, "bin"))
+        os.makedirs(bin_dir, exist_ok=True)
+        os.makedirs(os.path.join(venv, "bin"), exist_ok=True)
         open(os.path.join(venv, "bin", "activate"), "w").close()
         calls = os.path.join(base, "calls")
-        for name, body in (("srun", f'echo "srun $*" >> {shlex.quote(calls)}; exit "$STEP_STATUS"'),
+        if os.path.exists(calls):
+            os.remove(calls)
+        for name, body in (("srun", f'echo "srun $*" >> {shlex.quote(calls)}\n{srun_body}'),
                            ("scontrol", f'echo "scontrol $*" >> {shlex.quote(calls)}')):
             path = os.path.join(bin_dir, name)
             with open(path, "w") as f:
                 f.write(f"#!/bin/bash\n{body}\n")
             os.chmod(path, 0o755)
-        for step_status, requeued in ((85, True), (0, False), (1, False), (2, False)):
-            if os.path.exists(calls):
-                os.remove(calls)
+        return calls, {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": base, "TFPAR_VENV": venv,
+                       "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "8"}
+
+    def test_the_sbatch_script_requeues_a_preempted_job_only(self):
+        # The script as sbatch runs it; the stand-in srun exits as the step would.
+        for step_status, requeued, steps in ((85, True, 1), (0, False, 1), (1, False, 1),
+                                             (2, False, 1), (75, False, 3)):
+            calls, environ = self.stand_ins('exit "$STEP_STATUS"')
             result = subprocess.run(
                 ["bash", os.path.join(EXAMPLES, "slurm", "train.sbatch")], capture_output=True,
-                text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin",
-                                            "STEP_STATUS": str(step_status), "HOME": base,
-                                            "TFPAR_VENV": venv, "SLURM_JOB_ID": "4242",
-                                            "SLURM_CPUS_PER_TASK": "8"})
+                text=True, timeout=60, env={**environ, "STEP_STATUS": str(step_status)})
             self.assertEqual(result.returncode, step_status, result.stderr)
             with open(calls) as f:
                 lines = f.read().splitlines()
-            self.assertRegex(lines[0], rf"^srun --cpus-per-task=8 tfpar-train .*--model_dir="
-                                       rf"{re.escape(base)}/tfpar-state/4242 ")
-            self.assertEqual(lines[1:], ["scontrol requeue 4242"] if requeued else [])
+            self.assertLen(lines, steps + requeued)
+            for line in lines[:steps]:
+                self.assertRegex(line, rf"^srun --cpus-per-task=8 tfpar-train .*--model_dir="
+                                       rf"{re.escape(environ['HOME'])}/tfpar-state/4242 ")
+            self.assertEqual(lines[steps:], ["scontrol requeue 4242"] if requeued else [])
+
+    def test_the_sbatch_script_survives_the_preemptions_sigterm_and_requeues(self):
+        # A preemption sends SIGTERM to the batch shell and to the tasks (Slurm signals each);
+        # the tasks save and exit 85 a moment later. The shell must outlive its own SIGTERM to
+        # requeue. Here the stand-in step waits until the test lets it exit 85.
+        go = os.path.join(self.get_temp_dir(), "saved")
+        calls, environ = self.stand_ins(f"while [ ! -e {shlex.quote(go)} ]; do sleep 0.05; "
+                                        "done\nexit 85")
+        shell = subprocess.Popen(["bash", os.path.join(EXAMPLES, "slurm", "train.sbatch")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=environ)
+        try:
+            for _ in range(600):
+                if os.path.exists(calls):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.2)  # The shell is in its wait for srun.
+            shell.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            open(go, "w").close()  # The tasks have saved.
+            out, err = shell.communicate(timeout=60)
+        finally:
+            shell.kill()
+        self.assertEqual(shell.returncode, 85, err)
+        self.assertIn("sbatch: SIGTERM: waiting for the tasks to save", out)
+        with open(calls) as f:
+            self.assertEqual(f.read().splitlines()[1:], ["scontrol requeue 4242"])
 
     def test_the_kubernetes_image_is_built_from_the_dockerfile_with_a_fixed_tag(self):
         (container,) = self.manifests()["Job"]["spec"]["template"]["spec"]["containers"]
@@ -160,6 +195,7 @@ class ExamplesTest(tf.test.TestCase):
                                 timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines()[-1],
-                         'Ray Train is not installed: pip install "tfpar[ray]" (or pip install '
-                         '-e ".[ray]" in a checkout).')
+                         "tfpar.ray needs Ray Train, which is not installed: install tfpar "
+                         f'with its ray extra (pip install "tfpar-{tfpar.__version__}-py3-none-'
+                         'any.whl[ray]", or pip install -e ".[ray]" in a checkout).')
         self.assertEqual(result.stdout, "")

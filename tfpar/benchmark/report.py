@@ -68,7 +68,7 @@ def write_csv(path: str, measurements: Sequence[Measurement]) -> None:
 def plot(path: str, measurements: Sequence[Measurement]) -> None:
     """Draws images/s and scaling efficiency against devices, a line per strategy and model.
 
-    Needs matplotlib (``pip install -e ".[bench]"``). Written atomically as PNG.
+    Needs matplotlib (``pip install matplotlib``). Written atomically as PNG.
     """
     import matplotlib
     matplotlib.use("Agg")

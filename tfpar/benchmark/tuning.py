@@ -1,14 +1,14 @@
 """Tuning the thread layout to this machine: the candidate layouts
 (:func:`tfpar.host.thread_layouts.candidates`; for a multi-process strategy, the worker
 processes' :func:`tfpar.host.thread_layouts.worker_candidates`) timed for a model in paired,
-interleaved rounds, and the fastest stored for this machine kind (``scripts/benchmark.py --tune``).
+interleaved rounds, and the fastest stored for this machine kind (``tfpar-benchmark --tune``).
 
 The default layout is kept unless a candidate beats it by more than :data:`MARGIN` in the
 median of the per-round ratios: a machine whose speed drifts between rounds then changes
 nothing, and a layout is stored only where it measurably pays.
 
 For a strategy of one process it also times one worker process per device on this host (the
-multi-worker entry with the same step, as ``scripts/launch.py`` runs it): which is faster
+multi-worker entry with the same step, as ``tfpar-launch`` runs it): which is faster
 differs by CPU kind and model, and where the processes win, it says so (the user picks the
 strategy; nothing is switched).
 
@@ -104,7 +104,7 @@ class Tuned:
             out.append(f"  {f'one process per device ({name})':55s} {m.median:9.1f} img/s  "
                        f"{ratio:5.2f}x default")
             if ratio > MARGIN:
-                out.append(f"  one process per device pays here: scripts/launch.py "
+                out.append(f"  one process per device pays here: tfpar-launch "
                            f"--num_workers={self.num_devices} -- <your command with "
                            f"strategy {name}>")
         out.append(f"  stored in {self.path} for this machine kind")

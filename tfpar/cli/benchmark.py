@@ -1,8 +1,8 @@
-"""``scripts/benchmark.py``: images/s of strategies x device counts x models, side by side.
+"""``tfpar-benchmark``: images/s of strategies x device counts x models, side by side.
 
 Example::
 
-    python scripts/benchmark.py --strategies=mirrored,allreduce,multi_worker \\
+    tfpar-benchmark --strategies=mirrored,allreduce,multi_worker \\
         --num_devices=1,2 --models=lenet --baseline
 """
 

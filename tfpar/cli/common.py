@@ -142,10 +142,11 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     """Runs an absl ``main`` whose flags live in ``flags_module``, with user errors handled.
 
     absl's ``--help`` lists the key flags of the program file (``sys.argv[0]``); the flags of
-    tfpar's programs live in importable modules (so ``scripts/`` and console scripts share
-    them), so they are declared key flags of whichever file was run. Flags are parsed before
-    TensorFlow is imported (the programs import it in ``main``), so ``--help`` and flag errors
-    answer at once; ``--help`` exits with status 0 (grouped as ``help_groups`` says, if given).
+    tfpar's programs live in importable modules (so a checkout's scripts and the console
+    scripts share them), so they are declared key flags of whichever file was run. Flags are
+    parsed before TensorFlow is imported (the programs import it in ``main``), so ``--help``
+    and flag errors answer at once; ``--help`` exits with status 0 (grouped as
+    ``help_groups`` says, if given).
     Library errors name the flags of their arguments (``aliases``: arguments whose flag has
     another name). Positional arguments are refused (exit 2) unless ``positional``.
     """

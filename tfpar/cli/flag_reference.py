@@ -57,8 +57,7 @@ def page() -> str:
     for script, module in PROGRAMS.items():
         listing = subprocess.run([sys.executable, "-m", "tfpar.cli.flag_reference", module],
                                  capture_output=True, text=True, check=True)
-        name = (f"`{script}`" if script.startswith("tfpar-")
-                else f"`tfpar-{script}` (`python scripts/{script}.py` in a checkout)")
+        name = f"`{script}`" if script.startswith("tfpar-") else f"`tfpar-{script}`"
         parts.append(f"## {name}\n\n{listing.stdout}")
     return "\n".join(parts)
 

@@ -1,13 +1,13 @@
-"""``scripts/launch.py``: run a command as N local workers, e.g. multi-worker training.
+"""``tfpar-launch``: run a command as N local workers, e.g. multi-worker training.
 
 Example::
 
-    python scripts/launch.py --num_workers=2 -- \\
-        python scripts/train.py --strategy=multi_worker --dataset=digits
+    tfpar-launch --num_workers=2 -- \\
+        tfpar-train --strategy=multi_worker --dataset=digits
 
     # Elastic: 4 workers, going on with 3 or 2 when one keeps failing.
-    python scripts/launch.py --num_workers=2:4 --max_restarts=1 -- \\
-        python scripts/train.py --strategy=multi_worker_allreduce --model_dir=/tmp/job
+    tfpar-launch --num_workers=2:4 --max_restarts=1 -- \\
+        tfpar-train --strategy=multi_worker_allreduce --model_dir=/tmp/job
 """
 
 from __future__ import annotations

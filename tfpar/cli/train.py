@@ -1,8 +1,8 @@
-"""``tfpar-train`` / ``scripts/train.py``: train on each device set and report accuracy and speed.
+"""``tfpar-train``: train on each device set and report accuracy and speed.
 
 Example::
 
-    python scripts/train.py --strategy=mirrored --model=lenet --dataset=digits \\
+    tfpar-train --strategy=mirrored --model=lenet --dataset=digits \\
         --num_devices=1,2 --epochs=5
 """
 

@@ -51,8 +51,8 @@ def check_plotting() -> None:
     try:
         import matplotlib  # noqa: F401  (only checked here)
     except ImportError:
-        raise ConfigError("Plotting needs matplotlib: pip install -e \".[bench]\" (or "
-                          "pip install matplotlib).") from None
+        raise ConfigError("Plotting needs matplotlib: pip install matplotlib (in a checkout: "
+                          "pip install -e \".[bench]\").") from None
 
 
 def curves_figure(results: Sequence[RunResult]):

@@ -127,7 +127,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     """Runs ``command`` as ``num_workers`` workers and supervises them.
 
     Args:
-        command: The program and its arguments, e.g. ``["python", "scripts/train.py", ...]``.
+        command: The program and its arguments, e.g. ``["tfpar-train", ...]``.
         num_workers: Number of worker processes (the most, for an elastic job).
         host: The workers' address (loopback unless told otherwise).
         out: Where prefixed output goes (standard output by default).

@@ -56,7 +56,7 @@ def check_environment(environ: Mapping[str, str]) -> None:
         raise ClusterError(f"cluster source 'slurm' needs the variables srun sets for each task; "
                            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
                            "set. Start every worker with srun (in an sbatch script: srun "
-                           "python scripts/train.py ...).")
+                           "tfpar-train ...).")
     for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"):
         if not environ[name].isdigit():
             raise ClusterError(f"{name} must be a whole number. Received: {environ[name]!r}.")
@@ -78,19 +78,59 @@ def tasks_per_node(text: str) -> list[int]:
     return counts
 
 
+def reserved_ports(text: str) -> list[int]:
+    """Expands ``SLURM_STEP_RESV_PORTS`` (``"12000-12003"`` or ``"12000,12002-12003"``).
+
+    Raises:
+        ClusterError: If ``text`` is not of that form.
+    """
+    ports: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not match:
+            raise ClusterError("SLURM_STEP_RESV_PORTS lists ports as '12000-12003' or "
+                               f"'12000,12002'. Received: {text!r}.")
+        low = int(match.group(1))
+        ports += list(range(low, int(match.group(2) or low) + 1))
+    return ports
+
+
 def port_base(environ: Mapping[str, str], tasks_on_a_node: int) -> int:
-    """The first port of this job's tasks on each node, derived from the job and step ids, so
-    that jobs sharing a node use different ports (the same on every task of the job).
+    """The first port of this step's tasks on each node (the same on every task of the step).
+
+    Where ``srun`` reserved ports for the step (``srun --resv-ports``, on clusters whose
+    ``MpiParams`` has a ``ports=`` range; ``SLURM_STEP_RESV_PORTS``), the first of them: Slurm
+    gives no two running steps the same ports. Otherwise a block derived from the job and step
+    ids, from :data:`PORT_LOW`: jobs sharing a node get different blocks unless their ids are a
+    multiple of the block count apart (781 for blocks of 64); then the task whose port the
+    other job holds stops with exit 75, and the job's next ``srun`` (a new step) takes a block
+    the other's steps do not (the sbatch recipe reruns its step on 75).
 
     Args:
-        environ: The task's environment (``SLURM_JOB_ID``, optionally ``SLURM_STEP_ID``).
+        environ: The task's environment (``SLURM_JOB_ID``, optionally ``SLURM_STEP_ID`` and
+            ``SLURM_STEP_RESV_PORTS``).
         tasks_on_a_node: The most tasks of this step on one node.
+
+    Raises:
+        ClusterError: If the reserved ports are fewer than the tasks on a node, or not
+            consecutive from the first.
     """
+    if environ.get("SLURM_STEP_RESV_PORTS"):
+        ports = reserved_ports(environ["SLURM_STEP_RESV_PORTS"])
+        if ports[:tasks_on_a_node] != list(range(ports[0], ports[0] + tasks_on_a_node)):
+            raise ClusterError(
+                f"srun reserved the ports {environ['SLURM_STEP_RESV_PORTS']} for this step; "
+                f"its {tasks_on_a_node} tasks on a node need as many consecutive ports. Reserve "
+                "more (srun --resv-ports=N) or leave the reservation out.")
+        return ports[0]
     block = max(PORT_BLOCK, tasks_on_a_node)
     blocks = (PORT_HIGH - PORT_LOW) // block
-    step = environ.get("SLURM_STEP_ID", "0")
-    key = int(environ["SLURM_JOB_ID"]) * 7 + (int(step) if step.isdigit() else 0)
-    return PORT_LOW + (key % blocks) * block
+    job, step = int(environ["SLURM_JOB_ID"]), environ.get("SLURM_STEP_ID", "0")
+    # Each later step moves by a stride that differs between jobs whose first blocks are the
+    # same (their ids differ by a multiple of `blocks`, so their quotients differ): a job whose
+    # step met another's ports meets them no more at its next step.
+    stride = 1 + job // blocks
+    return PORT_LOW + ((job + (int(step) if step.isdigit() else 0) * stride) % blocks) * block
 
 
 def gpus_on_node(environ: Mapping[str, str],

@@ -6,7 +6,7 @@ A :class:`ThreadLayout` is the intra-op threads of each logical device, whether 
 has a pool of its own (``TF_OVERRIDE_GLOBAL_THREADPOOL``) and the inter-op threads that drive
 the replicas. The best layout differs by CPU kind and model (a default that wins on one kind
 can lose on another), so tfpar does not hard-code one:
-``scripts/benchmark.py --tune`` times :func:`candidates` for the user's model in paired
+``tfpar-benchmark --tune`` times :func:`candidates` for the user's model in paired
 rounds on the user's machine and stores the winner under :func:`machine_key` (CPU model, core
 count, TensorFlow version, oneDNN's ISA cap). When :func:`tfpar.devices.ensure_logical_cpus`
 splits the CPU, :func:`for_split` picks the stored layout for that many devices (:func:`default`

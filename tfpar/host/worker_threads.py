@@ -1,7 +1,7 @@
 """The threads of a multi-worker job's worker process, set before TensorFlow initialises.
 
 In order: the CPUs a scheduler gave the worker (``OMP_NUM_THREADS``: Ray sets it to a worker's
-CPUs; TensorFlow itself ignores it), else the layout ``scripts/benchmark.py --tune`` stored for
+CPUs; TensorFlow itself ignores it), else the layout ``tfpar-benchmark --tune`` stored for
 this many workers on one host of this machine kind
 (:func:`tfpar.host.thread_layouts.chosen_for_workers`), else TensorFlow's own threads with a
 second inter-op thread for the collectives where the worker has cores to spare. Threads the

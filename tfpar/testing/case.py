@@ -45,7 +45,7 @@ def _skip_reason(choice: StrategyChoice, num_devices: int) -> str | None:
     entry, name = choice.entry, choice.name
     if entry.multi_process:
         return (f"strategy {name!r} runs several worker processes; test it with "
-                "tfpar.cluster.launcher (scripts/launch.py) instead of in-process")
+                "tfpar.cluster.launcher (tfpar-launch) instead of in-process")
     if entry.max_devices is not None and num_devices > entry.max_devices:
         return f"strategy {name!r} runs on at most {entry.max_devices} device(s)"
     if entry.requires_gpu and devices.gpu_count() < num_devices:

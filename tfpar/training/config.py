@@ -84,7 +84,7 @@ class TrainConfig:
             AVX512-BF16, GPUs from compute capability 8.0), else float32, said in one line.
         jit_compile: Compile the training step with XLA (one CPU device, or GPUs).
         steps_per_execution: Training steps per compiled call; auto: what
-            scripts/benchmark.py --tune found faster on this machine kind (1 if not tuned).
+            tfpar-benchmark --tune found faster on this machine kind (1 if not tuned).
         profile_steps: first,last steps to trace for TensorBoard's profiler, e.g. 10,15.
         profile_dir: Where ``profile_steps`` writes the trace.
         logdir: Write TensorBoard logs here, one run per device set

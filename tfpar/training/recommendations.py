@@ -1,6 +1,6 @@
 """What this machine recommends for a training run: the precision (Keras's ``mixed_bfloat16``
 where the hardware computes bfloat16 natively, float32 elsewhere) and the steps per compiled
-call (what ``scripts/benchmark.py --tune`` found on this machine kind), each with its reason.
+call (what ``tfpar-benchmark --tune`` found on this machine kind), each with its reason.
 
 The train command's ``--dtype=auto`` and ``--steps_per_execution=auto`` use it; in your own
 code, :func:`recommend` returns the same as a value::
@@ -114,7 +114,7 @@ def steps_per_call(num_devices: int, workers: int = 1) -> tuple[int, str]:
                       "tuned on this machine kind")
     if record:
         return 1, "tuning on this machine kind found no gain from several steps per call"
-    return 1, ("not tuned on this machine kind (scripts/benchmark.py --tune times several "
+    return 1, ("not tuned on this machine kind (tfpar-benchmark --tune times several "
                "steps per call)")
 
 
