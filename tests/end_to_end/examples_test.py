@@ -35,13 +35,22 @@ class ExamplesTest(tf.test.TestCase):
 
     def test_the_kubernetes_manifests_give_the_tested_cluster(self):
         manifests = self.manifests()
-        self.assertEqual(sorted(manifests), ["Job", "NetworkPolicy", "Service"])
+        self.assertEqual(sorted(manifests),
+                         ["Job", "NetworkPolicy", "PersistentVolumeClaim", "Service"])
         with open(os.path.join(EXAMPLES, "kubernetes", "tfpar-train.yaml")) as f:
-            self.assertIn("1.27+", f.read())  # The Service's job-name label.
+            text = f.read()
+        # The pods' job-completion-index label (the log command selects by it) is 1.28's.
+        self.assertIn("Kubernetes 1.28+", text)
         job, service = manifests["Job"], manifests["Service"]
+        name = job["metadata"]["name"]
+        # The log command selects this Job's running worker 0, not another Job's or a
+        # replaced pod.
+        self.assertIn(f"--field-selector=status.phase=Running \\\n#       -l "
+                      f"batch.kubernetes.io/job-name={name},"
+                      "batch.kubernetes.io/job-completion-index=0", text)
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        env = {item["name"]: item["value"] for item in container["env"]}
+        env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
         self.assertEqual(job["spec"]["completionMode"], "Indexed")
         self.assertEqual(job["spec"]["completions"], int(env["TFPAR_NUM_WORKERS"]))
         self.assertEqual(job["spec"]["parallelism"], int(env["TFPAR_NUM_WORKERS"]))
@@ -155,13 +164,26 @@ class ExamplesTest(tf.test.TestCase):
         self.assertRegex(image, r":\d+\.\d+\.\d+$")  # Not :latest: every pod the same code.
         with open(os.path.join(EXAMPLES, "kubernetes", "Dockerfile")) as f:
             dockerfile = f.read()
-        self.assertIn('pip install --no-cache-dir "tfpar==${TFPAR_VERSION}"', dockerfile)
-        version = re.search(r"^ARG TFPAR_VERSION=(\S+)$", dockerfile, re.M).group(1)
-        self.assertTrue(image.endswith(f":{version}"), image)
-        self.assertIn(f"tfpar-train:{version}", dockerfile)
-        # The volume the state lives on is mounted where --model_dir points.
+        # The image installs the wheel it is given (the version built), copied in.
+        wheel = f"tfpar-{tfpar.__version__}-py3-none-any.whl"
+        self.assertRegex(dockerfile, rf"(?m)^ARG TFPAR_WHEEL={re.escape(wheel)}$")
+        self.assertIn("COPY ${TFPAR_WHEEL} /tmp/", dockerfile)
+        self.assertIn('pip install --no-cache-dir "/tmp/${TFPAR_WHEEL}${TFPAR_EXTRAS}"',
+                      dockerfile)
+        self.assertTrue(image.endswith(f":{tfpar.__version__}"), image)
+        self.assertIn(f"tfpar-train:{tfpar.__version__}", dockerfile)
+        # The state lives on the claim the manifest makes, in a folder of this Job's own.
+        manifests = self.manifests()
+        claim = manifests["PersistentVolumeClaim"]
+        self.assertEqual(claim["spec"]["accessModes"], ["ReadWriteMany"])
+        (volume,) = manifests["Job"]["spec"]["template"]["spec"]["volumes"]
+        self.assertEqual(volume["persistentVolumeClaim"]["claimName"], claim["metadata"]["name"])
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        self.assertIn(f"--model_dir={mounts['state']}", container["command"])
+        self.assertIn(f"--model_dir={mounts[volume['name']]}/$(TFPAR_JOB_UID)",
+                      container["command"])
+        (uid,) = [item for item in container["env"] if item["name"] == "TFPAR_JOB_UID"]
+        self.assertEqual(uid["valueFrom"]["fieldRef"]["fieldPath"],
+                         "metadata.labels['batch.kubernetes.io/controller-uid']")
 
     def test_the_kubernetes_job_retries_a_preempted_worker_and_fails_on_bad_input(self):
         job = self.manifests()["Job"]
