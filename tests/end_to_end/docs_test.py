@@ -184,6 +184,17 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertGreater(lines, 10)
         self.assertEqual(problems, [])
 
+    def test_guides_name_no_test_of_tfpars_own(self):
+        # What tfpar's own tests run belongs in DEVELOPERS.md; the guides and the reference say
+        # what holds, not which test file or marker shows it.
+        found = []
+        for page in glob.glob(os.path.join(ROOT, "docs", "guide", "*.md")) + glob.glob(
+                os.path.join(ROOT, "docs", "reference", "*.md")):
+            for line in read(page).splitlines():
+                if re.search(r"\btests/|pytest -m|_test\.py", line):
+                    found.append(f"{os.path.relpath(page, ROOT)}: {line.strip()}")
+        self.assertEqual(found, [])
+
     def test_the_errors_page_lists_every_status_the_code_defines(self):
         page = read(os.path.join(ROOT, "docs", "reference", "errors.md"))
         listed = re.findall(r"^\| (\d+(?: \+ N)?) \|", page, re.M)
