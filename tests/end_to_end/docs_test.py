@@ -225,7 +225,8 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
             examples |= set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", read(example)))
         known = set().union(*self.defined_flags().values()) | examples | {
             "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
-            "requeue", "gpus_per_task", "signal", "cpus_per_task",  # sbatch, srun
+            "requeue", "gpus_per_task", "signal", "cpus_per_task", "resv_ports",  # sbatch, srun
+            "no_deps",  # pip
             "shm_size",  # docker run
             "nnodes",  # torchrun
             "tfpar_devices",  # tfpar's pytest plugin
