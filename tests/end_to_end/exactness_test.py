@@ -252,7 +252,11 @@ class ExactResumeTest(ExactResumeCase):
         ("_inside_the_epoch", 2),  # Stops after step 3 of 5.
         ("_at_its_last_step", 4))  # Stops after step 5: the epoch's end.
     def test_data_of_unknown_size(self, notice_after):
-        self.check_cell("mirrored", "users_functional", "notice", unknown_size=True,
+        # BatchNorm, no Dropout: on Keras 3.15 the step that finds the data's end can advance a
+        # replica's random generators before TensorFlow stops it (whether it does depends on
+        # thread timing), so a model with Dropout on such data differs between two runs, resumed
+        # or not (the resume page says so).
+        self.check_cell("mirrored", "small_resnet", "notice", unknown_size=True,
                         notice_after=notice_after)
 
     @parameterized.named_parameters(cell for cell in CELLS if cell[0] in CROSS_SECTION)
