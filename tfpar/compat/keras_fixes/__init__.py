@@ -17,15 +17,13 @@ registry: installed by every tfpar strategy of several replicas
 was checked on and the test that fails without it; each wraps one private attribute of Keras
 (no public API serves, see :mod:`.fix`) and calls Keras's own code wherever its defect is not.
 
-They are applied only on the Keras versions they were verified against
-(:data:`VERIFIED_KERAS`, and the preview of the next release CI runs,
-:data:`tfpar.compat.versions.PREVIEWS`); on others tfpar warns once and leaves Keras
-alone, and ``tfpar-env`` says so. ``TFPAR_KERAS_FIXES=force`` applies them anyway (to check
-a new Keras release, see DEVELOPERS.md), ``=off`` never. Each fix finds its target by what it needs (:mod:`.fix`); one
-whose target is missing or changed is not installed, and says so in one line naming the fix,
-its upstream issue, the releases it was read against and this Keras (no traceback); the others
-are installed.
-"""
+They are applied only on the Keras versions they were verified against (:data:`VERIFIED_KERAS`,
+and the preview of the next release CI runs, :data:`tfpar.compat.versions.PREVIEWS`); on others
+tfpar warns once and leaves Keras alone, and ``tfpar-env`` says so. ``TFPAR_KERAS_FIXES=force``
+applies them anyway (to check a new Keras release, see DEVELOPERS.md), ``=off`` never. Each fix
+finds its target by what it needs (:mod:`.fix`); one whose target is missing or changed is not
+installed, and says so in one line naming the fix, its upstream issue, the releases it was read
+against and this Keras (no traceback); the others are installed. """
 
 from __future__ import annotations
 
