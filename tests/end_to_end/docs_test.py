@@ -202,7 +202,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(listed, expected)
         # And every status the programs exit with is one of those (no bare numbers).
         for source in glob.glob(os.path.join(ROOT, "tfpar", "**", "*.py"), recursive=True):
-            for status in re.findall(r"(?:sys\.exit|os\._exit|exit_status\s*=)\((\d+)\)",
+            for status in re.findall(r"(?:sys\.exit\(|os\._exit\(|exit_status\s*=\s*)(\d+)\b",
                                      read(source)):
                 self.assertIn(int(status), [int(s) for s in ExitStatus],
                               f"{os.path.relpath(source, ROOT)} exits with {status}")
