@@ -19,9 +19,7 @@ import tensorflow as tf
 
 from tfpar.errors import DeviceError
 from tfpar.host import thread_layouts
-
-MAX_LOGICAL_CPUS = 64
-"""Logical CPU devices are cheap but not free (each has its own allocator and executor)."""
+from tfpar.host.machine import MAX_LOGICAL_CPUS
 
 _NAME_RE = re.compile(r"^(?:/(?:job:[\w-]+/)?(?:replica:\d+/)?(?:task:\d+/)?device:)?"
                       r"(?P<type>cpu|gpu):(?P<index>\d+)$", re.IGNORECASE)

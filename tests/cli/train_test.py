@@ -26,10 +26,16 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def train(*flags, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"), *flags],
+def train(*flags, timeout=300, python_options=()):
+    return subprocess.run([sys.executable, *python_options, os.path.join(ROOT, "scripts",
+                                                                         "train.py"), *flags],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def imported_tensorflow(stderr: str) -> bool:
+    """Whether a program run with ``python -X importtime`` imported TensorFlow."""
+    return re.search(r"^import time:.*\|\s+tensorflow$", stderr, re.M) is not None
 
 
 class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
@@ -61,7 +67,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          r"--split_weights takes a comma list of numbers"),
         ("zero_devices", ["--num_devices=0"], r"--num_devices takes positive integers"),
         ("non_numeric_devices", ["--num_devices=two"], r"--num_devices takes positive integers"),
-        ("too_many_devices", ["--num_devices=100"], r"from 1 to 64\. Received: 100"),
+        ("too_many_devices", ["--num_devices=100"], r"from 1 to 64\. Received: '100'"),
         ("missing_gpu", ["--devices=GPU:3"], r"No such GPU"),
         ("negative_lr", ["--lr=-1"], r"--lr must be a finite number > 0\. Received: --lr=-1"),
         ("zero_epochs", ["--epochs=0"], r"epochs must be an integer >= 1"),
@@ -188,13 +194,25 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("flag --lr=fast: could not convert string to float", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    @parameterized.named_parameters(
+        ("too_many_devices", ["--num_devices=99"], r"--num_devices takes integers from 1 to 64"),
+        ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"],
+         r"--data_dir '/no/such' does not exist"),
+        ("unknown_strategy", ["--strategy=mirroed"], r"Unknown strategy 'mirroed'"))
+    def test_flag_errors_answer_before_tensorflow_is_imported(self, flags, message):
+        result = train(*flags, python_options=("-X", "importtime"))
+        self.assertEqual(result.returncode, 2)
+        self.assertRegex(result.stderr, "(?m)^Error: " + message)
+        self.assertRegex(result.stderr, r"(?m)^import time:.*\|\s+tfpar\.errors$")  # Listed.
+        self.assertFalse(imported_tensorflow(result.stderr))
+
     def test_help_lists_the_flags(self):
-        result = train("--help")
+        result = train("--help", python_options=("-X", "importtime"))
         self.assertEqual(result.returncode, 0)
         for flag in ("--strategy", "--num_devices", "--[no]scale_with_devices", "--allreduce",
                      "--split_weights", "--output", "--plot", "--logdir"):
             self.assertIn(flag, result.stdout)
-        self.assertNotIn("oneDNN", result.stdout + result.stderr)  # TensorFlow never started.
+        self.assertFalse(imported_tensorflow(result.stderr))  # TensorFlow never started.
         # Grouped: every flag of the program in exactly one group, groups in order.
         defined = {flag.name for flag in FLAGS.get_flags_for_module(train_cli.__name__)}
         grouped = [name for names in train_cli.HELP_GROUPS.values() for name in names]

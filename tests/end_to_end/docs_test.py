@@ -16,6 +16,7 @@ from absl.testing import parameterized
 
 import tfpar
 from tfpar import strategies
+from tfpar.cli import common
 from tfpar.cli import flag_reference
 from tfpar.errors import SIGNALLED
 from tfpar.errors import ExitStatus
@@ -240,19 +241,66 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                     unknown.append(f"{os.path.relpath(page, ROOT)}: --{flag}")
         self.assertEqual(unknown, [])
 
-    def test_registry_tables_name_options_their_entries_take(self):
-        checked = 0
+    def test_registry_tables_list_exactly_the_options_each_entry_takes(self):
+        # The last column of the registry tables names every option the entry's factory
+        # takes and no other ("none" for an entry without options); every built-in entry has
+        # a row, so a new option or entry cannot leave the tables behind.
         for page in (os.path.join(ROOT, "README.md"),
                      os.path.join(ROOT, "docs", "guide", "strategies.md")):
-            for name, text in re.findall(r"^\| `(\w+)` \| (.*) \|$", read(page), re.M):
-                if name not in strategies.available() or "option" not in text:
-                    continue
-                named = re.findall(r"`(\w+)(?:=[^`]*)?`", text.split("option", 1)[1])
-                for option in named:
-                    self.assertIn(option, strategies.entry(name).options(),
-                                  f"{page}: {name!r} has no option {option!r}")
-                checked += len(named)
-        self.assertGreaterEqual(checked, 20)
+            rows = {name: options for name, options in
+                    re.findall(r"^\| `(\w+)` \| .* \| (none|`.*`.*) \|$", read(page), re.M)
+                    if name in strategies.available()}
+            self.assertEqual(sorted(rows), sorted(strategies.available()), page)
+            for name, options in rows.items():
+                # The option names lead the column; values stand inside parentheses.
+                named = re.findall(r"`(\w+)`", re.sub(r"\(.*?\)", "", options))
+                self.assertEqual(sorted(named), sorted(strategies.entry(name).options()),
+                                 f"{os.path.relpath(page, ROOT)}: {name}")
+
+    def test_the_strategy_listing_names_each_entrys_flags(self):
+        listing = common.strategy_listing({"algorithm": "allreduce"}).splitlines()
+        self.assertEqual(len(listing), len(strategies.available()))
+        for line in listing:
+            name, _, rest = line.partition(": ")
+            flags = [f"--{'allreduce' if option == 'algorithm' else option}"
+                     for option in strategies.entry(name).options()]
+            self.assertTrue(rest.endswith(f"(flags: {', '.join(flags) or 'none'})"), line)
+        self.assertIn("multi_worker_allreduce: ", "\n".join(listing))
+        self.assertNotIn("--allreduce", next(line for line in listing
+                                             if line.startswith("multi_worker_allreduce:")))
+
+    def test_quoted_resume_lines_are_what_a_run_prints(self):
+        from tfpar.training import run
+
+        quoted = [(os.path.relpath(page, ROOT), line.split("] ", 1)[-1])
+                  for page in USER_PAGES
+                  for code in re.findall(r"```\w*\n(.*?)```", read(page), re.DOTALL)
+                  for line in code.splitlines() if "Resuming from" in line]
+        self.assertNotEqual(quoted, [])
+        for page, line in quoted:
+            found = re.fullmatch(r"Resuming from (\S+) \((the end of epoch \d+|epoch \d+ step "
+                                 r"\d+)\)", line)
+            self.assertIsNotNone(found, f"{page}: {line}")
+            self.assertEqual(run.resuming_line(*found.groups()), line)
+
+    def test_lenets_gradient_size_on_the_benchmarks_page_is_its_parameters(self):
+        with tf.device("CPU:0"):
+            parameters = tfpar.models.lenet().count_params()
+        text = read(os.path.join(ROOT, "docs", "benchmarks.md"))
+        quoted = re.findall(r"LeNet's (\d+) KB of gradients \(([\d,]+) float32\)", text)
+        self.assertEqual(quoted, [(str(round(parameters * 4 / 1000)), f"{parameters:,}")])
+        for megabytes in re.findall(r"LeNet's (?:\(?)([\d.]+) MB", text):
+            self.assertAlmostEqual(float(megabytes), parameters * 4 / 1e6,
+                                   delta=0.05 if len(megabytes) <= 3 else 0.005)
+
+    def test_repository_paths_the_pages_name_exist(self):
+        missing = []
+        for page in USER_PAGES:
+            for path in set(re.findall(r"`((?:tfpar|tests|examples|benchmarks|scripts|docs|\.ci)"
+                                       r"/[\w/.*-]+)`", read(page))):
+                if not glob.glob(os.path.join(ROOT, path.rstrip("/"))):
+                    missing.append(f"{os.path.relpath(page, ROOT)}: {path}")
+        self.assertEqual(missing, [])
 
     def test_guides_hold_no_measurement_or_development_story(self):
         # Figures belong on the benchmarks page (per machine kind, with their command); the

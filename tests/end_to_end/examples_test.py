@@ -179,8 +179,11 @@ class ExamplesTest(tf.test.TestCase):
         (volume,) = manifests["Job"]["spec"]["template"]["spec"]["volumes"]
         self.assertEqual(volume["persistentVolumeClaim"]["claimName"], claim["metadata"]["name"])
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        self.assertIn(f"--model_dir={mounts[volume['name']]}/$(TFPAR_JOB_UID)",
-                      container["command"])
+        model_dir = f"--model_dir={mounts[volume['name']]}/$(TFPAR_JOB_UID)"
+        self.assertIn(model_dir, container["command"])
+        # The Dockerfile's comments name the folder the manifest uses, not another.
+        self.assertEqual(re.findall(r"--model_dir=[\w/]+(?:\$\(\w+\))?", dockerfile),
+                         [model_dir])
         (uid,) = [item for item in container["env"] if item["name"] == "TFPAR_JOB_UID"]
         self.assertEqual(uid["valueFrom"]["fieldRef"]["fieldPath"],
                          "metadata.labels['batch.kubernetes.io/controller-uid']")

@@ -173,11 +173,12 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     app.run(exit_cleanly(main, aliases))
 
 
-def parse_count(flag: str, text: str, least: int = 1) -> int:
-    """Parses an integer flag item of at least ``least``, e.g. one entry of ``--num_devices``.
+def parse_count(flag: str, text: str, least: int = 1, most: int | None = None) -> int:
+    """Parses an integer flag item from ``least`` to ``most``, e.g. one entry of
+    ``--num_devices``.
 
     Raises:
-        ConfigError: If ``text`` is not an integer >= ``least``.
+        ConfigError: If ``text`` is not an integer in that range.
     """
     try:
         value = int(text)
@@ -186,6 +187,8 @@ def parse_count(flag: str, text: str, least: int = 1) -> int:
     if value is None or value < least:
         kind = "positive integers such as 1,2" if least == 1 else f"integers >= {least}"
         raise ConfigError(f"{flag} takes {kind}. Received: {text!r}.")
+    if most is not None and value > most:
+        raise ConfigError(f"{flag} takes integers from {least} to {most}. Received: {text!r}.")
     return value
 
 
@@ -211,14 +214,25 @@ def strategy_choice(strategy: str, values: dict[str, Any],
     for option in values:
         flag = flag_names.get(option, option)
         if option not in accepted and flags.FLAGS[flag].present:
-            raise ConfigError(f"--{flag} does not apply to strategy {strategy!r}; its options "
-                              f"are: {', '.join(accepted) or 'none'}.")
+            takes = ", ".join(f"--{flag_names.get(name, name)}" for name in accepted)
+            raise ConfigError(f"--{flag} does not apply to strategy {strategy!r}; the flags it "
+                              f"takes are: {takes or 'none of the strategy flags'}.")
     return choice.with_options(**{k: v for k, v in values.items() if k in accepted})
 
 
-def strategy_listing() -> str:
-    """Returns the registered strategies, one ``name: description`` per line."""
+def strategy_listing(flag_names: dict[str, str] | None = None) -> str:
+    """Returns the registered strategies, one ``name: description (flags: --a, --b)`` per line.
+
+    Args:
+        flag_names: Option name to flag name, where they differ.
+    """
     from tfpar import strategies
 
-    return "\n".join(f"{name}: {description}"
+    flag_names = flag_names or {}
+
+    def its_flags(name: str) -> str:
+        options = strategies.entry(name).options()
+        return ", ".join(f"--{flag_names.get(option, option)}" for option in options) or "none"
+
+    return "\n".join(f"{name}: {description} (flags: {its_flags(name)})"
                      for name, description in strategies.available().items())

@@ -26,6 +26,7 @@ from tfpar.cluster import preemption
 from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
+from tfpar.host import machine
 from tfpar.strategies.cross_device_ops import ReductionOptions
 from tfpar.strategies.multi_worker_options import MultiWorkerOptions
 from tfpar.training import config as config_lib
@@ -84,7 +85,8 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
         TfparError: If a flag value is invalid.
     """
     device_sets = ([FLAGS.devices] if FLAGS.devices
-                   else [common.parse_count("--num_devices", n) for n in FLAGS.num_devices])
+                   else [common.parse_count("--num_devices", n, most=machine.MAX_LOGICAL_CPUS)
+                         for n in FLAGS.num_devices])
     given = _gpus_given()
     if given and not FLAGS.devices and not FLAGS["num_devices"].present:
         device_sets = [given]  # A launched worker trains on the GPUs it was given.
@@ -111,7 +113,7 @@ def main(argv: list[str]) -> None:
     """Trains on each device set, printing a summary line per set and a final table."""
     del argv  # run_main refuses positional arguments.
     if FLAGS.list_strategies:
-        print(common.strategy_listing())
+        print(common.strategy_listing(OPTION_FLAGS))
         return
     config, device_sets = config_from_flags()
     # A notice from here on stops the program with the preempted status: at once before and

@@ -7,6 +7,9 @@ e.g. for command-line flags and ``--help``.
 from __future__ import annotations
 
 import dataclasses
+import os
+
+from tfpar.errors import DatasetError
 
 OFFLINE_DATASETS = ("digits", "synthetic")
 """Work without internet: digits ship inside scikit-learn, synthetic data is generated."""
@@ -36,3 +39,20 @@ TFDS = {
 def available() -> list[str]:
     """Returns the dataset names :func:`tfpar.data.load` accepts."""
     return sorted([*TFDS, *OFFLINE_DATASETS])
+
+
+def check_data_dir(data_dir: str | None) -> None:
+    """Checks that a TFDS data directory, where one is given, is a folder that can be read.
+
+    Raises:
+        DatasetError: If it does not exist, is not a directory or cannot be read.
+    """
+    if data_dir is None:
+        return
+    if not os.path.isdir(data_dir):
+        raise DatasetError(f"{{argument}} {data_dir!r} does not exist or is not a directory. "
+                           "Give an existing directory (TFDS keeps prepared datasets there).",
+                           argument="data_dir")
+    if not os.access(data_dir, os.R_OK | os.X_OK):
+        raise DatasetError(f"{{argument}} {data_dir!r} is not readable. Give a directory you "
+                           "can read (and write, to download into it).", argument="data_dir")

@@ -13,7 +13,6 @@ size and distributes them). Which datasets exist is in :mod:`.catalog`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 from urllib.parse import urlparse
 
@@ -21,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfpar.data import catalog
 from tfpar.data.catalog import OFFLINE_DATASETS
 from tfpar.data.catalog import TFDS
 from tfpar.data.catalog import TfdsInfo
@@ -87,18 +87,6 @@ def _to_image_label(image, label):
     return tf.cast(image, tf.float32) / 255.0, tf.cast(label, tf.int32)
 
 
-def _check_data_dir(data_dir: str | None) -> None:
-    if data_dir is None:
-        return
-    if not os.path.isdir(data_dir):
-        raise DatasetError(f"{{argument}} {data_dir!r} does not exist or is not a directory. "
-                           "Give an existing directory (TFDS keeps prepared datasets there).",
-                           argument="data_dir")
-    if not os.access(data_dir, os.R_OK | os.X_OK):
-        raise DatasetError(f"{{argument}} {data_dir!r} is not readable. Give a directory you "
-                           "can read (and write, to download into it).", argument="data_dir")
-
-
 def _reachable(url: str, timeout: float = 5.0) -> bool:
     parsed = urlparse(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -112,7 +100,7 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
 def _tfds(name: str, info: TfdsInfo, data_dir: str | None, download: bool) -> Splits:
     import tensorflow_datasets as tfds  # Imported lazily: it is slow and not always needed.
 
-    _check_data_dir(data_dir)
+    catalog.check_data_dir(data_dir)
     builder = tfds.builder(info.tfds_name, data_dir=data_dir)
     if not builder.is_prepared():
         where = data_dir or "TFDS's default data directory"

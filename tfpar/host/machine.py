@@ -9,6 +9,10 @@ import os
 import platform
 from importlib import metadata
 
+MAX_LOGICAL_CPUS = 64
+"""The most logical CPU devices a process splits its CPU into: they are cheap but not free
+(each has its own allocator and executor)."""
+
 
 def package_version(package: str) -> str:
     """The installed version of ``package`` (``"not installed"`` without it), read without

@@ -143,6 +143,8 @@ class TrainConfig:
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
         config_fields.normalise_count_or(self, "steps_per_execution", AUTO, ConfigError)
+        if self.dataset not in catalog.OFFLINE_DATASETS:  # The offline ones read no folder.
+            catalog.check_data_dir(self.data_dir)
         preemption.check_grace_seconds(self.preemption_grace_seconds)
         _check(self.profile_steps is None or (len(self.profile_steps) == 2
                                               and 1 <= self.profile_steps[0]

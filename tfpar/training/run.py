@@ -342,6 +342,16 @@ def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
     return os.path.join(root, protocol.run_folder_name(strategy_name, num_devices))
 
 
+def resuming_line(path: str, position: str) -> str:
+    """The line a resumed run prints: ``Resuming from DIR/ckpt-2 (the end of epoch 2)``.
+
+    Args:
+        path: The checkpoint it resumes from.
+        position: Its position in words (``EpochCheckpoint.position_of``).
+    """
+    return f"Resuming from {path} ({position})"
+
+
 def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.distribute.Strategy,
                       device_set: devices_lib.DeviceSet) -> EpochCheckpoint:
     directory = run_folder(config.model_dir or "", config.strategy.name, len(device_set))
@@ -353,7 +363,7 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
-        print(f"Resuming from {latest} ({checkpoint.position_of(latest)})", flush=True)
+        print(resuming_line(latest, checkpoint.position_of(latest)), flush=True)
     elif latest:
         print(f"Not resuming: training from scratch; {directory} will be "
               "overwritten.", flush=True)
