@@ -71,6 +71,27 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
             model = batchnorm_model()  # Not trained: every copy is the initial value.
         self.assertEqual(replica_copies.gather(model), {})
 
+    def test_copies_that_differ_in_any_bit_are_gathered(self):
+        # Sums of the values, their squares and their positions agree for each of these pairs.
+        pairs = {"permuted": ([1, 0, 0, 1], [0, 1, 1, 0]),
+                 "one_ulp_beside_a_large_value": (
+                     [1e8, 1.0, 0, 0], [1e8, float(np.nextafter(np.float32(1), 2)), 0, 0]),
+                 "signed_zero": ([0.0, 1, 2, 3], [-0.0, 1, 2, 3])}
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+        (place,) = [i for i, v in enumerate(model.variables) if v.path.endswith("moving_mean")]
+        mean = model.variables[place]
+        for name, (first, second) in pairs.items():
+            with self.subTest(name):
+                for copy, values in zip(mean.value.values, (first, second)):
+                    copy.assign(np.asarray(values, np.float32))
+                copies = replica_copies.gather(model)
+                self.assertIn(place, copies)
+                self.assertAllEqual(
+                    copies[place].view(np.uint32),
+                    np.asarray([first, second], np.float32).view(np.uint32))
+
     def test_copies_that_do_not_fit_the_model_are_refused(self):
         model = self.trained(2)
         with self.assertRaisesRegex(ValueError, r"have shape \(5,\); the variable has \(3,\)"):

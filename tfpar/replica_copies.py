@@ -18,9 +18,10 @@ there is no copy per replica to give: each replica starts from the mean of the s
 which is what averaging at the epoch's end gives when the statistics are linear in their start
 (BatchNorm's moving averages are), within float32 rounding.
 
-Which variables differ is decided by comparing fingerprints (sums of the values, their squares
-and their positions, in float64) gathered from every replica: one small collective, so a frozen
-backbone's large non-trainable weights, equal everywhere, are never gathered.
+Which variables differ is decided by comparing fingerprints (two hashes of each copy's raw
+bytes, so copies that differ in any bit differ) gathered from every replica: one small
+collective, so a frozen backbone's large non-trainable weights, equal everywhere, are never
+gathered.
 """
 
 from __future__ import annotations
@@ -45,12 +46,18 @@ def _components(variable: keras.Variable) -> Any:
     return getattr(variable, "value", variable)
 
 
+# Two keys of SipHash (TensorFlow's ``to_hash_bucket_strong``): 126 bits of the copy's bytes.
+_HASH_KEYS = ((0x7466706172, 0x636F70696573), (0x62697473, 0x666F72626974))
+_HASH_BUCKETS = 2**63 - 1
+
+
 def _fingerprint(value: tf.Tensor) -> tf.Tensor:
-    """Three float64 numbers that differ, in practice always, between two different copies."""
-    flat = tf.cast(tf.reshape(value, [-1]), tf.float64)
-    positions = tf.range(1, tf.size(flat, out_type=tf.int64) + 1, dtype=tf.int64)
-    return tf.stack([tf.reduce_sum(flat), tf.reduce_sum(flat * flat),
-                     tf.reduce_sum(flat * tf.cast(positions, tf.float64))])
+    """Two int64 hashes of a copy's raw bytes: copies that differ in any bit (a permutation,
+    one ulp beside a large value, ``-0.0`` against ``+0.0``) differ here but with a chance of
+    about 2**-126."""
+    data = tf.io.serialize_tensor(value)  # The tensor's bytes, behind its dtype and shape.
+    return tf.stack([tf.strings.to_hash_bucket_strong(data, _HASH_BUCKETS, key=list(key))
+                     for key in _HASH_KEYS])
 
 
 class _Gatherer:
@@ -83,7 +90,7 @@ class _Gatherer:
         """Indices into ``variables`` of those whose copies differ between replicas."""
         if not self.variables:
             return []
-        prints = self.fingerprints().numpy()  # [replicas, variables, 3]
+        prints = self.fingerprints().numpy()  # [replicas, variables, 2]
         return [i for i in range(len(self.variables))
                 if not (prints[:, i] == prints[0, i]).all()]
 
