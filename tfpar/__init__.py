@@ -15,6 +15,11 @@ CPU into logical devices before TensorFlow initialises.
 __version__ = "0.3.0"
 
 from tfpar import lazy_exports
+from tfpar.host import onednn as _onednn
+
+# TensorFlow reads whether to run its oneDNN kernels once, when it is imported: tfpar's choice
+# for this CPU kind goes into the environment first (a user's setting is never changed).
+_onednn.apply()
 
 # `import tfpar; tfpar.strategies.get(...)` works without importing TensorFlow at `import
 # tfpar` time (which would be too early to split the CPU into devices): every subpackage and

@@ -3,7 +3,8 @@
 Run as ``tfpar-env`` or ``python -m tfpar.env`` (``--json`` for tools).
 
 Versions (Python, tfpar, TensorFlow, Keras, the CUDA/cuDNN TensorFlow was built with), the
-CPU (model, widest vector extension: oneDNN's kernels differ by it), the physical devices
+CPU (model, widest vector extension: oneDNN's kernels differ by it), whether TensorFlow runs
+its oneDNN kernels here and who decided (:mod:`tfpar.host.onednn`), the physical devices
 and the logical CPU split, the threads tfpar gives each logical CPU device,
 the strategy registry with every entry's options, the cluster ``multi_worker`` would join, and
 the Keras fixes tfpar installs. Nothing here initialises TensorFlow's runtime, so the CPU can
@@ -18,10 +19,12 @@ from typing import Any
 
 from tfpar.compat.versions import major_minor  # noqa: F401  (tfpar.env.major_minor)
 from tfpar.host import machine
+from tfpar.host import onednn
 from tfpar.host import thread_layouts
 from tfpar.host.machine import cpu  # noqa: F401  (tfpar.env.cpu)
 from tfpar.host.machine import describe_cpu
 from tfpar.host.machine import package_version as _version
+from tfpar.training import recommendations
 
 
 def _layout(num_devices: int) -> tuple[str, str]:
@@ -74,6 +77,10 @@ def collect() -> dict[str, Any]:
         },
         "machine": {"platform": platform.platform(), "cpu_cores": cores,
                     "cpu": describe_cpu(),
+                    "onednn": onednn.current().describe(),
+                    "logical_devices": (recommendations.cpu_split_note(2) or
+                                        "several logical devices of the CPU may train faster "
+                                        "than one: tfpar-benchmark measures it"),
                     "native_low_precisions": machine.cpu()["native_low_precisions"],
                     "mixed_bfloat16": _mixed_bfloat16()},
         "devices": {

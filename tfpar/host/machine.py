@@ -61,6 +61,29 @@ def native_low_precisions(flags: set[str], onednn_cap: str = "unset") -> list[st
             if flag in flags and _ONEDNN_LEVELS.index(level) <= ceiling]
 
 
+def _first_cpu(cpuinfo_path: str) -> dict[str, str]:
+    """The first CPU's fields in ``/proc/cpuinfo`` (they end at its first blank line); empty
+    where the file cannot be read."""
+    fields = {}
+    try:
+        with open(cpuinfo_path) as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> set[str] | None:
+    """The CPU's flags (``avx2``, ``avx512_bf16``, ...), ``None`` where Linux does not list
+    them."""
+    fields = _first_cpu(cpuinfo_path)
+    return set(fields["flags"].split()) if "flags" in fields else None
+
+
 def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
     """Returns the CPU's model name, its widest vector extension and oneDNN's cap on it.
 
@@ -78,16 +101,7 @@ def cpu(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
         may differ in), ``native_low_precisions`` (every low precision it computes natively,
         e.g. ``"bfloat16 (AMX-BF16), float16 (AVX512-FP16)"``, ``"none"`` or ``"unknown"``).
     """
-    fields = {}
-    try:
-        with open(cpuinfo_path) as f:
-            for line in f:  # The first CPU's fields; they end at its first blank line.
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
+    fields = _first_cpu(cpuinfo_path)
     model = fields.get("model name") or platform.processor() or "unknown"
     flags = set(fields["flags"].split()) if "flags" in fields else None
     extension = "unknown" if flags is None else next(

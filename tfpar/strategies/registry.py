@@ -295,7 +295,9 @@ class StrategyChoice:
         import tensorflow as tf  # Imported here: choosing an entry does not need it.
 
         from tfpar import devices as devices_lib
+        from tfpar.host import onednn
 
+        onednn.warn_if_too_late()  # Once: TensorFlow started before tfpar could choose.
         device_set = devices_lib.resolve(devices)
         if self.entry.max_devices is not None and len(device_set) > self.entry.max_devices:
             raise RegistryError(f"Strategy {self.name!r} runs on at most "

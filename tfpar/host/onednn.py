@@ -1,0 +1,224 @@
+"""Whether TensorFlow runs its oneDNN kernels on this CPU, chosen per CPU kind before TensorFlow
+starts: TensorFlow's own rule, tfpar's choice where it differs, and the one place that sets it.
+
+TensorFlow reads ``TF_ENABLE_ONEDNN_OPTS`` once, when it is imported (``IsMklEnabled`` in
+``tensorflow/core/util/port.cc``, first called at import: the "oneDNN custom operations are on"
+line); a later change has no effect. Its default, ``DefaultOneDnnPolicy``, turns oneDNN on on
+Linux only for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; elsewhere (AVX2 CPUs such as
+AMD EPYC Zen 2 and Zen 3, Intel Xeons before Cascade Lake) TensorFlow runs Eigen's kernels.
+oneDNN reads ``ONEDNN_MAX_CPU_ISA``, the widest extension its kernels may use, at its first
+primitive.
+
+What tfpar does on an AVX2 CPU without those extensions, and why, is :data:`AVX2_CHOICE`.
+A ``TF_ENABLE_ONEDNN_OPTS`` or ``ONEDNN_MAX_CPU_ISA`` set by the user is never changed;
+``TFPAR_ONEDNN=tensorflow`` leaves TensorFlow's rule alone.
+
+No TensorFlow here: this runs at ``import tfpar``, before anything imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from collections.abc import MutableMapping
+
+from tfpar.host.machine import cpu_flags
+
+ENABLE_ENV = "TF_ENABLE_ONEDNN_OPTS"
+"""TensorFlow's switch for its oneDNN kernels (``0``, ``1``, ``false``, ``true``)."""
+CAP_ENV = "ONEDNN_MAX_CPU_ISA"
+"""oneDNN's cap on the vector extension its kernels use (``AVX``, ``AVX2``, ...)."""
+POLICY_ENV = "TFPAR_ONEDNN"
+"""``tensorflow``: tfpar leaves TensorFlow's rule alone; unset or ``auto``: tfpar chooses."""
+SET_BY_TFPAR_ENV = "TFPAR_ONEDNN_SET"
+"""The settings tfpar wrote (``TF_ENABLE_ONEDNN_OPTS=1 ONEDNN_MAX_CPU_ISA=AVX``), so that the
+processes that inherit them tell tfpar's choice from the user's."""
+
+# The CPU flags (as /proc/cpuinfo names them) for which TensorFlow's DefaultOneDnnPolicy turns
+# oneDNN on, on Linux.
+TENSORFLOW_ONEDNN_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                           "amx_bf16")
+"""CPU flags for which TensorFlow turns oneDNN on by itself (Linux, TensorFlow 2.9 and later)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Whether oneDNN runs, and who decided.
+
+    Attributes:
+        on: Whether TensorFlow runs its oneDNN kernels.
+        cap: The ``ONEDNN_MAX_CPU_ISA`` in force (``None``: none, oneDNN takes the CPU's
+            widest extension).
+        decided_by: ``"you"`` (the environment set it), ``"tensorflow"`` (its own rule, which
+            tfpar keeps here) or ``"tfpar"`` (tfpar sets it on this CPU kind).
+        reason: Why, in one sentence.
+        environment: What tfpar sets before TensorFlow starts (empty when it sets nothing).
+    """
+
+    on: bool
+    cap: str | None
+    decided_by: str
+    reason: str
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line, e.g. ``on, capped at AVX (tfpar: ...)``."""
+        state = "on" if self.on else "off"
+        capped = f", capped at {self.cap}" if self.on and self.cap else ""
+        return f"{state}{capped} ({self.decided_by}: {self.reason})"
+
+
+AVX2_CHOICE: Mapping[str, str] = {}
+"""What tfpar sets on an x86 CPU with AVX2 but none of :data:`TENSORFLOW_ONEDNN_FLAGS`: nothing,
+so oneDNN stays off there, as TensorFlow leaves it.
+
+oneDNN would train ResNet-18 1.7 times as fast there, but the AVX2 convolution kernels of the
+oneDNN that TensorFlow 2.21 ships (3.7) corrupt the process's heap when they run on one thread
+on a convolution of fewer than 8 channels: a small ResNet whose first stage has 4 channels dies
+with "double free or corruption" (in ``MklConvBwdFilterPrimitive``) or a segmentation fault in
+every run with one intra-op thread, and trains with two, or with 8 channels and more. One thread
+per device is what a logical CPU device gets on a small machine (2 cores split in two), and the
+choice is made for the whole process before any model exists, so it cannot be made safe here.
+Turn it on yourself with ``TF_ENABLE_ONEDNN_OPTS=1`` where your convolutions all have 8 channels
+or more, or each device has two threads or more.
+"""
+AVX2_REASON = ("an AVX2 CPU: oneDNN would be faster, but its AVX2 convolutions corrupt memory "
+               "on one thread with fewer than 8 channels, so it stays off as TensorFlow leaves "
+               "it (TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
+"""Why, in the words :func:`choose` reports."""
+
+
+def _parse_bool(value: str) -> bool | None:
+    """TensorFlow's reading of a boolean variable (``ReadBoolFromEnvVar``)."""
+    lowered = value.strip().lower()
+    return {"0": False, "false": False, "1": True, "true": True}.get(lowered)
+
+
+def tensorflow_default(flags: set[str] | None) -> bool | None:
+    """Whether TensorFlow turns oneDNN on by itself on a CPU with these flags (``None``:
+    unknown, the flags are not readable or the CPU is not x86)."""
+    if flags is None or not any(flag.startswith(("avx", "sse")) for flag in flags):
+        return None
+    return any(flag in flags for flag in TENSORFLOW_ONEDNN_FLAGS)
+
+
+def choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
+    """Chooses whether TensorFlow runs oneDNN on a CPU with ``flags``, given the environment.
+
+    Args:
+        flags: The CPU's flags (``/proc/cpuinfo``), ``None`` where unknown.
+        environ: The process's environment (the user's settings win).
+
+    Returns:
+        The choice; its ``environment`` is what to set before TensorFlow is imported.
+    """
+    ours = _written_by_tfpar(environ)
+    cap = None if CAP_ENV in ours else environ.get(CAP_ENV) or None
+    default = tensorflow_default(flags)
+    if ENABLE_ENV in environ and ENABLE_ENV not in ours:
+        on = _parse_bool(environ[ENABLE_ENV])
+        if on is None:  # TensorFlow warns and keeps its default.
+            return Choice(bool(default), cap, "tensorflow",
+                          f"{ENABLE_ENV}={environ[ENABLE_ENV]!r} is not 0, 1, false or true, "
+                          "so TensorFlow keeps its default")
+        return Choice(on, cap, "you", f"{ENABLE_ENV}={environ[ENABLE_ENV]}")
+    if default is None or flags is None:
+        return Choice(False, cap, "tensorflow", "not an x86 CPU tfpar knows, or its flags are "
+                      "not readable: TensorFlow's own rule applies")
+    if default:
+        return Choice(True, cap, "tensorflow", "the CPU has AVX512_VNNI, AVX512_BF16, AVX_VNNI "
+                      "or AMX, for which TensorFlow turns oneDNN on")
+    if environ.get(POLICY_ENV, "auto").lower() == "tensorflow":
+        return Choice(False, cap, "tensorflow", f"{POLICY_ENV}=tensorflow")
+    if "avx2" not in flags:
+        return Choice(False, cap, "tensorflow", "no AVX2: not measured, TensorFlow's rule "
+                      "(off) applies")
+    setting = dict(AVX2_CHOICE)
+    if cap is not None:  # The user's cap stays; tfpar then sets nothing of its own.
+        setting.pop(CAP_ENV, None)
+    on = _parse_bool(setting.get(ENABLE_ENV, "0")) is True
+    return Choice(on, setting.get(CAP_ENV, cap) if on else cap, "tfpar", AVX2_REASON,
+                  environment=_with_marker(setting))
+
+
+def _written_by_tfpar(environ: Mapping[str, str]) -> set[str]:
+    """The variables of ``environ`` that hold what tfpar wrote there (inherited from the
+    process that chose), not the user's."""
+    written = dict(item.split("=", 1) for item in environ.get(SET_BY_TFPAR_ENV, "").split()
+                   if "=" in item)
+    return {name for name, value in written.items() if environ.get(name) == value}
+
+
+def _with_marker(setting: Mapping[str, str]) -> dict[str, str]:
+    if not setting:
+        return {}
+    return {**setting, SET_BY_TFPAR_ENV: " ".join(f"{k}={v}" for k, v in setting.items())}
+
+
+def tensorflow_started() -> bool:
+    """Whether TensorFlow was already imported in this process (too late to choose)."""
+    return "tensorflow" in sys.modules
+
+
+_APPLIED: dict[str, Choice] = {}
+
+
+def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
+    """Sets tfpar's choice in the environment, if TensorFlow has not started yet.
+
+    Called at ``import tfpar``; the environment carries the choice to every process tfpar
+    starts (the launcher's workers, the benchmark's). Where TensorFlow was imported before
+    tfpar, the process keeps what TensorFlow chose, and :func:`too_late` says how to start it
+    where tfpar would have chosen otherwise.
+
+    Args:
+        environ: The environment to set (``os.environ`` by default).
+
+    Returns:
+        The choice in force.
+    """
+    environ = os.environ if environ is None else environ
+    flags = cpu_flags()
+    wanted = choose(flags, environ)
+    if not wanted.environment:
+        actual = wanted
+    elif tensorflow_started():  # TensorFlow read the environment as it was.
+        actual = choose(flags, {**environ, POLICY_ENV: "tensorflow"})
+    else:
+        environ.update(wanted.environment)
+        actual = wanted
+    _APPLIED.update(wanted=wanted, actual=actual)
+    return actual
+
+
+def too_late() -> str | None:
+    """One line where TensorFlow started before tfpar and runs otherwise than tfpar would have
+    chosen; ``None`` where tfpar's choice is in force."""
+    wanted, actual = _APPLIED.get("wanted"), _APPLIED.get("actual")
+    if wanted is None or actual is None or (wanted.on, wanted.cap) == (actual.on, actual.cap):
+        return None
+    settings = " ".join(f"{k}={v}" for k, v in wanted.environment.items()
+                        if k != SET_BY_TFPAR_ENV)
+    return (f"TensorFlow was imported before tfpar, too late for tfpar's oneDNN choice on this "
+            f"CPU ({wanted.reason}): oneDNN is {actual.describe().split(' (')[0]} where tfpar "
+            f"would have it {wanted.describe().split(' (')[0]}. Import tfpar before TensorFlow "
+            f"(and Keras), or start Python with {settings}.")
+
+
+_WARNED: list[bool] = []
+
+
+def warn_if_too_late() -> None:
+    """Warns once per process (``RuntimeWarning``) with :func:`too_late`'s line, if any."""
+    line = too_late()
+    if line and not _WARNED:
+        _WARNED.append(True)
+        warnings.warn(line, RuntimeWarning, stacklevel=3)
+
+
+def current() -> Choice:
+    """The choice in force in this process: what :func:`apply` found at ``import tfpar``."""
+    return _APPLIED.get("actual") or choose(cpu_flags(), os.environ)
