@@ -15,8 +15,30 @@ from tfpar import testing
 from tfpar import training
 from tfpar.errors import ConfigError
 from tfpar.host import machine
+from tfpar.host import onednn
 from tfpar.host import thread_layouts
 from tfpar.training import recommendations
+
+
+class CpuSplitTest(tf.test.TestCase):
+    """Where several logical devices of one CPU lose to one device, the advice says so."""
+
+    def choice(self, on):
+        return onednn.Choice(on, None, "tensorflow", "a reason")
+
+    def test_said_with_eigens_kernels_only(self):
+        with mock.patch.object(onednn, "current", return_value=self.choice(False)):
+            note = recommendations.cpu_split_note(2, {"CPU"})
+            self.assertStartsWith(note, "2 logical devices of one CPU train slower than one "
+                                        "device here: TensorFlow runs its Eigen kernels")
+            self.assertIsNone(recommendations.cpu_split_note(1, {"CPU"}))
+            self.assertIsNone(recommendations.cpu_split_note(2, {"GPU"}))
+            advice = recommendations.recommend(devices=2)
+            self.assertEqual(advice.reasons[-1], f"devices: {note}")
+        with mock.patch.object(onednn, "current", return_value=self.choice(True)):
+            self.assertIsNone(recommendations.cpu_split_note(2, {"CPU"}))
+            self.assertFalse(any(r.startswith("devices:")
+                                 for r in recommendations.recommend(devices=2).reasons))
 
 
 class PrecisionTest(tf.test.TestCase):

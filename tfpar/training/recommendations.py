@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from tfpar.host import machine
+from tfpar.host import onednn
 from tfpar.host import thread_layouts
 
 # A stored steps-per-call speedup below this is noise, not a gain (the tuning's own rule).
@@ -149,6 +150,26 @@ def chosen(device_types: set[str], num_devices: int, workers: int = 1, *, dtype:
     return changes, "; ".join(said)
 
 
+def cpu_split_note(num_devices: int, device_types: set[str] | None = None) -> str | None:
+    """One sentence where one CPU split into ``num_devices`` logical devices trains slower
+    than one device on this CPU's kernels; ``None`` where nothing says so.
+
+    With TensorFlow's Eigen kernels (oneDNN off), each logical device's convolutions run on
+    its share of the threads at a fraction of the speed the whole pool reaches on the whole
+    batch: ResNet-18 on 2 devices trains at 0.56x of one device (paired rounds, AMD EPYC
+    Zen 4 with oneDNN off) and at 0.53x on an AMD EPYC Zen 3, where TensorFlow leaves oneDNN
+    off. Several devices then serve testing and exactness, not speed.
+    """
+    if num_devices < 2 or (device_types is not None and device_types != {"CPU"}):
+        return None
+    choice = onednn.current()
+    if choice.on:
+        return None
+    return (f"{num_devices} logical devices of one CPU train slower than one device here: "
+            f"TensorFlow runs its Eigen kernels, oneDNN being off ({choice.reason}); "
+            "use one device for speed, several to test or to reproduce a multi-device run")
+
+
 def recommend(devices: Any = 1, *, workers: int = 1) -> Recommendation:
     """Returns the precision and steps per compiled call recommended here.
 
@@ -166,8 +187,10 @@ def recommend(devices: Any = 1, *, workers: int = 1) -> Recommendation:
     kinds = {name.split(":")[0] for name in device_set}
     policy, why_policy = precision(kinds, tuned=tuned_record(len(device_set), workers))
     steps, why_steps = steps_per_call(len(device_set), workers)
+    split = cpu_split_note(len(device_set), kinds)
     return Recommendation(policy, steps, (f"{policy}: {why_policy}",
-                                          f"steps_per_execution={steps}: {why_steps}"))
+                                          f"steps_per_execution={steps}: {why_steps}",
+                                          *([f"devices: {split}"] if split else [])))
 
 
 def _gpu_capabilities() -> list[tuple[int, int]]:

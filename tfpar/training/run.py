@@ -111,6 +111,10 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     strategy = strategy or config.strategy.build(device_set)
     config = _chosen_for_the_machine(config, device_set, strategy)
     batch_size, lr = config.for_devices(len(device_set))
+    split = recommendations.cpu_split_note(len(device_set),
+                                           {name.split(":")[0] for name in device_set})
+    if split and cluster_spec.is_chief(strategy):
+        print(f"Note: {split}.", flush=True)
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
                           f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
