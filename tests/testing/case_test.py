@@ -70,6 +70,57 @@ class AssertMatchesSingleDeviceTest(testing.StrategyTestCase):
             self._assert_matches(wrong_step(reduce_twice=False))
 
 
+def paired_data(cancelling: bool = True):
+    """Examples in pairs x, -x. With equal targets (``cancelling``), the gradient of a linear
+    model from zero weights is a sum that cancels exactly in exact arithmetic, so its float32
+    rounding, which the order of the sum decides, is all Adam normalises (it divides by
+    sqrt(v) + epsilon); with targets of a linear function, it is far from zero."""
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+    x = np.concatenate([x, -x])
+    y = np.ones((64, 1), np.float32) if cancelling else x @ np.ones((4, 1), np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(64).repeat(3)
+
+
+def adam_linear_model():
+    model = keras.Sequential([keras.Input((4,)),
+                              keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse")
+    return model
+
+
+def reordered_training(scale: float = 1.0):
+    """One device, each batch's examples in another order (and the learning rate times
+    ``scale``); weights compared only."""
+    def train(model, dataset, strategy):
+        model.compile(optimizer=keras.optimizers.Adam(0.1 * scale), loss="mse")
+        rolled = dataset.map(lambda x, y: (tf.roll(x, 7, 0), tf.roll(y, 7, 0)))
+        testing.reference_runs.fit_steps(model, rolled, strategy)
+        return None
+    return train
+
+
+class RoundingReachTest(testing.StrategyTestCase):
+    """Beyond the default tolerance, a weight is held to how far rounding alone moves it."""
+
+    def assert_matches(self, train, cancelling=True, **tolerances):
+        with tf.device("CPU:0"):
+            self.assertMatchesSingleDevice(adam_linear_model, paired_data(cancelling),
+                                           self.strategy("default", 1), train=train,
+                                           **tolerances)
+
+    def test_the_same_computation_summed_otherwise_passes(self):
+        # Rounding moves these weights far beyond the default tolerance (measured: 2e-2, the
+        # sign of each step's update), and within rounding's reach.
+        with self.assertRaisesRegex(AssertionError, "differs from single-device training"):
+            self.assert_matches(reordered_training(), rtol=1e-5, atol=1e-6)
+        self.assert_matches(reordered_training())
+
+    def test_a_wrong_update_still_fails(self):
+        self.assert_matches(reordered_training(), cancelling=False)
+        with self.assertRaisesRegex(AssertionError, "beyond rounding's reach"):
+            self.assert_matches(reordered_training(scale=1.01), cancelling=False)
+
+
 class MixedPrecisionTest(testing.StrategyTestCase):
     """The equivalence helper under a mixed policy: its own tolerance, and it still fails on
     wrong training."""
