@@ -51,6 +51,14 @@ def configurations(model: str, batch: str, steps: str) -> dict[str, tuple[list[s
 
 
 CEILING = "independent_2x1"
+# TensorFlow's oneDNN kernels, per --onednn value: the environment a configuration's process gets.
+# ``as_set`` leaves the environment as it is (TensorFlow's rule, or tfpar's choice for tfpar's
+# configurations); a cap (``avx2``) runs oneDNN's kernels for that extension on a wider CPU, as
+# on a CPU that has no more.
+ONEDNN = {"as_set": {}, "off": {"TF_ENABLE_ONEDNN_OPTS": "0"},
+          "on": {"TF_ENABLE_ONEDNN_OPTS": "1"},
+          "avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+          "avx": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX"}}
 # What a configuration's DTYPE=auto would mean: only tfpar's own configurations take it
 # (``tfpar.training.recommend``); a peer has no such choice.
 TAKES_AUTO = ("tfpar_",)
@@ -73,7 +81,14 @@ def main() -> None:
                         help="steps per compiled call of every TensorFlow configuration; auto: "
                              "what tfpar.training.recommend chooses for tfpar's (plain Keras "
                              "and the ceiling then take 1)")
+    parser.add_argument("--onednn", default="as_set",
+                        help="comma list of " + ", ".join(ONEDNN) + ": each configuration "
+                             "under each of TensorFlow's oneDNN settings, paired in the same "
+                             "rounds (names then end in %%off, ...)")
     args = parser.parse_args()
+    onednn = args.onednn.split(",")
+    if not set(onednn) <= set(ONEDNN):
+        parser.error(f"--onednn={args.onednn}: each must be one of {', '.join(ONEDNN)}")
     if not (args.steps_per_execution == "auto" or args.steps_per_execution.isdigit()):
         parser.error(f"--steps_per_execution={args.steps_per_execution}: an integer or auto")
     dtypes = args.dtype.split(",")
@@ -84,7 +99,10 @@ def main() -> None:
     if only:  # A name, or a name@dtype for that precision alone.
         configs = {k: v for k, v in configs.items()
                    if any(o.split("@")[0] == k for o in only)}
-    runs = {(f"{name}@{dtype}" if len(dtypes) > 1 else name): (command, extra, dtype)
+    runs = {(f"{name}@{dtype}" if len(dtypes) > 1 else name)
+            + (f"%{setting}" if len(onednn) > 1 else ""):
+            (command, {**extra, **ONEDNN[setting]}, dtype)
+            for setting in onednn
             for dtype in dtypes for name, (command, extra) in configs.items()
             if (dtype != "auto" or name.startswith(TAKES_AUTO))
             and (not only or name in only or f"{name}@{dtype}" in only)}
@@ -113,9 +131,12 @@ def main() -> None:
 
     def same_dtype(base: str, name: str) -> str:
         dtype = runs[name][2]
-        return f"{base}@{'bfloat16' if dtype == 'auto' else dtype}" if len(dtypes) > 1 else base
+        setting = f"%{name.rsplit('%', 1)[1]}" if len(onednn) > 1 else ""
+        return (f"{base}@{'bfloat16' if dtype == 'auto' else dtype}" if len(dtypes) > 1
+                else base) + setting
 
-    reference = (REFERENCE if len(dtypes) == 1 else f"{REFERENCE}@{dtypes[0]}")
+    reference = (REFERENCE if len(dtypes) == 1 else f"{REFERENCE}@{dtypes[0]}") + (
+        f"%{onednn[0]}" if len(onednn) > 1 else "")
     reference = reference if reference in rates else names[0]
     summary = {}
     for name in names:
@@ -131,7 +152,8 @@ def main() -> None:
               f"{_ratio(summary[name]['vs_ceiling'])}")
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump({"model": args.model, "global_batch": args.batch_size, "steps": args.steps,
-                   "dtypes": dtypes, "steps_per_execution": args.steps_per_execution,
+                   "dtypes": dtypes, "onednn": onednn,
+                   "steps_per_execution": args.steps_per_execution,
                    "summary": summary}, f, indent=1)
 
 
