@@ -2,14 +2,19 @@
 
 import contextlib
 import io
+import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import tensorflow as tf
 from absl import flags
 
 from tfpar.cli import common
+from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
+from tfpar.errors import ExitStatus
 
 
 class ExitCleanlyTest(tf.test.TestCase):
@@ -44,6 +49,46 @@ class ExitCleanlyTest(tf.test.TestCase):
                                 timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertEqual(result.stdout.split(), ["handled", "alive"])
+
+
+class NoticeFromTheFirstInstantTest(tf.test.TestCase):
+    """A notice that reaches a program before training is a notice: status 85 and a stop
+    record saying so, not an interruption (130), which a scheduler does not requeue."""
+
+    def run_notified(self, where: str) -> tuple[subprocess.CompletedProcess, dict]:
+        record = os.path.join(self.get_temp_dir(), f"{where}.json")
+        code = textwrap.dedent(f"""
+            import os, signal, sys
+            from tfpar.cli import common, train
+            def notice(*args, **kwargs):
+                os.kill(os.getpid(), signal.SIGTERM)  # The handler runs at the next bytecode.
+                return original(*args, **kwargs)
+            if {where!r} == "parsing_flags":
+                original = train.FLAGS.__class__.__call__
+                train.FLAGS.__class__.__call__ = notice
+            else:
+                original = train.config_from_flags
+                train.config_from_flags = notice
+            sys.argv = ["tfpar-train", "--dataset=digits", "--epochs=1"]
+            train.run()
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, protocol.STOP_RECORD_ENV: record})
+        with open(record, encoding="utf-8") as f:
+            return result, json.load(f)
+
+    def test_while_the_flags_become_a_config(self):
+        result, record = self.run_notified("making_the_config")
+        self.assertEqual(result.returncode, ExitStatus.PREEMPTED, result.stderr[-2000:])
+        self.assertEqual(record["status"], ExitStatus.PREEMPTED)
+        self.assertRegex(record["reason"], r"^Preempted \(SIGTERM\) outside training")
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_while_absl_parses_the_flags(self):
+        result, record = self.run_notified("parsing_flags")
+        self.assertEqual(result.returncode, ExitStatus.PREEMPTED, result.stderr[-2000:])
+        self.assertEqual(record["status"], ExitStatus.PREEMPTED)
+        self.assertNotIn("Traceback", result.stderr)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,21 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
             "launcher: preempted; the workers exited with 85, the state saved at epoch 0 in "
             f"{model_dir}."])
 
+    def test_a_notice_while_the_launcher_looks_for_gpus_exits_85_before_any_worker(self):
+        def slow_nvidia_smi(environ):
+            os.kill(os.getpid(), signal.SIGTERM)  # nvidia-smi can take seconds to answer.
+            return []
+
+        out = io.StringIO()
+        with mock.patch.object(launcher.gpus_lib, "visible_gpus", slow_nvidia_smi), \
+                mock.patch.object(worker_group.WorkerGroup, "run") as run:
+            status = launcher.launch([sys.executable, "-c", "pass"], 2, out=out)
+        self.assertEqual(status, 85, out.getvalue())
+        run.assert_not_called()
+        self.assertEqual(launcher_lines(out.getvalue())[0],
+                         "launcher: preemption notice while no worker was running; the saved "
+                         "state is where a rerun resumes.")
+
     def test_a_notice_while_the_workers_start_stops_them_and_exits_85(self):
         start = worker_group.WorkerGroup._start
 

@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 
 from tfpar import config_fields
+from tfpar.cluster import preemption
 from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 from tfpar.errors import ConfigError
@@ -57,9 +58,10 @@ def exit_cleanly(main: Callable[[list[str]], Any],
     @functools.wraps(main)
     def wrapped(argv):
         # SIGTERM stops the program as Ctrl-C does (files are written atomically, so only
-        # complete results and checkpoints are left behind), unless the program watches it as
-        # a preemption notice (tfpar.cluster.preemption), which replaces this handler.
-        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        # complete results and checkpoints are left behind), unless it is watched as a
+        # preemption notice (tfpar.cluster.preemption: every program from run_main's start).
+        previous = (signal.getsignal(signal.SIGTERM) if preemption.watching(signal.SIGTERM)
+                    else signal.signal(signal.SIGTERM, _raise_keyboard_interrupt))
         _end_if_stuck_after_signal()
         _running.set()
         try:
@@ -84,7 +86,8 @@ def exit_cleanly(main: Callable[[list[str]], Any],
             raise
         finally:
             _running.clear()
-            signal.signal(signal.SIGTERM, previous)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     return wrapped
 
@@ -150,6 +153,12 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     Library errors name the flags of their arguments (``aliases``: arguments whose flag has
     another name). Positional arguments are refused (exit 2) unless ``positional``.
     """
+    # From the program's first instant, a scheduler's notice (SIGTERM, SIGUSR1) is a notice:
+    # before training it ends the program with the preempted status and its stop record, not
+    # as an interruption (130), which a scheduler does not requeue. The train command narrows
+    # the signals to its --preemption_signal once its flags are read.
+    preemption.watch_signals(preemption.notice_signals(preemption.DEFAULT_NOTICE_SIGNAL),
+                             exit_process=True)
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     if any(arg in ("-h", "--help", "-?", "--helpshort") for arg in sys.argv[1:]):

@@ -231,6 +231,11 @@ def unwatch_signals() -> None:
         signal.signal(signum, handler)
 
 
+def watching(signum: int) -> bool:
+    """Whether ``signum`` is a notice this process watches now."""
+    return signum in _notices.signals
+
+
 def reset() -> None:
     """Forgets the notice and cancels its grace budget, for a process that handled
     :class:`Preempted` and goes on (a test, a notebook)."""
