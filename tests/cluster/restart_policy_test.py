@@ -86,6 +86,11 @@ TABLE = {
         RoundResult(Outcome.NOTICE, 85), Progress((2, 0), (2, 5)), fixed(max_restarts=3),
         Action.EXIT, 85, "launcher: preempted; the workers exited with 85, the state saved at "
         "epoch 3 step 5 in /state."),
+    "a_notice_to_the_launcher_whose_save_ran_out_of_grace": Row(
+        RoundResult(Outcome.NOTICE, 85, work_lost=True), NOTHING_NEW, fixed(max_restarts=3),
+        Action.EXIT, 85, "launcher: preempted; the workers exited with 85, but the notice's "
+        "state could not be saved within the grace budget: a rerun resumes at epoch 2 in "
+        "/state, and the training since is lost."),
     "a_notice_to_the_launcher_that_a_worker_ignored": Row(
         RoundResult(Outcome.NOTICE, 137), NOTHING_NEW, fixed(max_restarts=3), Action.EXIT, 137,
         "launcher: preempted; the workers exited with 137, the state saved at epoch 2 in "

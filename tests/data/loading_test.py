@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tfpar.data import catalog
 from tfpar.data import loading
 from tfpar.errors import DatasetError
 
@@ -61,7 +62,7 @@ class TfdsTest(tf.test.TestCase):
 
     def test_unreadable_data_dir(self):
         with tempfile.TemporaryDirectory() as folder, \
-                mock.patch.object(loading.os, "access", return_value=False):
+                mock.patch.object(catalog.os, "access", return_value=False):
             with self.assertRaisesRegex(DatasetError, "is not readable"):
                 loading.load("mnist", data_dir=folder)
 

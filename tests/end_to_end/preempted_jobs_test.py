@@ -13,6 +13,8 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import protocol
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.join(ROOT, "scripts", "launch.py")
@@ -149,20 +151,25 @@ class JobPreemptionTest(PreemptionTestCase):
 class ProcessPreemptionTest(PreemptionTestCase):
     """One process (two devices): the notice, the grace budget, the rerun."""
 
-    def run_train(self, model_dir, *flags, signal_at=None, timeout=300):
+    def run_train(self, model_dir, *flags, signal_at=None, timeout=300, record=None):
         train = [TRAIN, "--strategy=mirrored", "--num_devices=2", *FLAGS,
                  f"--model_dir={model_dir}", *flags]
         if signal_at:
             train = [SIGNAL, "0", *map(str, signal_at), "--", *train]
-        return subprocess.run([sys.executable, *train], capture_output=True, text=True, env=ENV,
+        env = {**ENV, protocol.STOP_RECORD_ENV: record} if record else ENV
+        return subprocess.run([sys.executable, *train], capture_output=True, text=True, env=env,
                               timeout=timeout)
 
     def test_a_notice_to_a_two_device_run_and_its_rerun(self):
         base = self.get_temp_dir()
         whole, parts = os.path.join(base, "whole"), os.path.join(base, "parts")
         self.assertEqual(self.run_train(whole).returncode, 0)
-        stopped = self.run_train(parts, signal_at=("step", 2, 5, "SIGTERM"))
+        record = os.path.join(base, "stop.json")
+        stopped = self.run_train(parts, signal_at=("step", 2, 5, "SIGTERM"), record=record)
         self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
+        saved = protocol.StopRecord.read(record)
+        self.assertEqual((saved.status, saved.position, saved.work_lost), (PREEMPTED, (1, 5),
+                                                                             False))
         # One process stops at the step boundary where the notice arrived.
         self.assertRegex(stopped.stderr, r"(?m)^Preempted \(SIGTERM\): state saved at epoch 2 "
                                          r"step 5 in .*mirrored_2_devices, [\d.]+ s after the "
@@ -177,9 +184,13 @@ class ProcessPreemptionTest(PreemptionTestCase):
     def test_a_save_past_the_grace_budget_keeps_the_last_complete_state(self):
         model_dir = self.get_temp_dir()
         # The notice in epoch 2; every save from then on takes 30 s, past a 3 s budget.
+        record = os.path.join(self.get_temp_dir(), "stop.json")
         stopped = self.run_train(model_dir, "--preemption_grace_seconds=3",
-                                 signal_at=("slow_save", 2, 30, "SIGTERM"))
+                                 signal_at=("slow_save", 2, 30, "SIGTERM"), record=record)
         self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
+        # The same status (requeue the job), and the record says the work since is lost.
+        lost = protocol.StopRecord.read(record)
+        self.assertEqual((lost.status, lost.position, lost.work_lost), (PREEMPTED, (1, 0), True))
         self.assertRegex(stopped.stderr, r"(?m)^Preempted \(SIGTERM\): the state could not be "
                                          r"saved within the 3 s grace budget; the end of epoch 1 "
                                          r"in .*mirrored_2_devices is intact and is where a rerun "

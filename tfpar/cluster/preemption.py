@@ -155,7 +155,8 @@ class _Notices:
             line = (f"Preempted ({self.name}): the state could not be saved within the "
                     f"{self.grace_seconds:g} s grace budget; {saved}.")
             print(line, file=sys.stderr, flush=True)
-            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self.last_position)
+            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self.last_position,
+                                 work_lost=True)
         os._exit(PREEMPTED_EXIT_STATUS)
 
 

@@ -102,12 +102,16 @@ class StopRecord:
         reason: Why, in one line.
         unresponsive: The workers (indices) it found had stopped answering.
         position: The position it saved last, ``(epochs finished, steps of the next epoch)``.
+        work_lost: A preemption notice stopped it, but its state could not be saved within
+            the grace budget: a rerun resumes at ``position`` and the training done since is
+            lost (the preempted status is the same, so that the job is requeued).
     """
 
     status: int
     reason: str = ""
     unresponsive: tuple[int, ...] = ()
     position: tuple[int, int] | None = None
+    work_lost: bool = False
 
     def write(self, path: str) -> None:
         """Writes it to ``path`` at once and whole (a reader sees all of it or nothing)."""
@@ -122,17 +126,18 @@ class StopRecord:
             position = data.get("position")
             return cls(status=int(data["status"]), reason=str(data.get("reason", "")),
                        unresponsive=tuple(int(i) for i in data.get("unresponsive", ())),
-                       position=tuple(position) if position else None)
+                       position=tuple(position) if position else None,
+                       work_lost=bool(data.get("work_lost", False)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
 
 def record_stop(status: int, reason: str = "", unresponsive: Sequence[int] = (),
-                position: tuple[int, int] | None = None) -> None:
+                position: tuple[int, int] | None = None, work_lost: bool = False) -> None:
     """Writes this process's :class:`StopRecord` where its launcher asked (nothing when it was
     not started by one). Never raises: a record is help for the launcher, not a need."""
     path = os.environ.get(STOP_RECORD_ENV)
     if not path:
         return
     with contextlib.suppress(OSError, ValueError):
-        StopRecord(int(status), reason, tuple(unresponsive), position).write(path)
+        StopRecord(int(status), reason, tuple(unresponsive), position, work_lost).write(path)

@@ -58,6 +58,9 @@ class RoundResult:
     outcome: Outcome
     status: int = 0
     rank: int = 0
+    work_lost: bool = False
+    """After a preemption: a worker's state could not be saved within the grace budget, so
+    the training since the last complete state is lost (its stop record says so)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +159,15 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
     if result.outcome is Outcome.NOTICE:
-        saved = (f", the state saved at {position_words(progress.after)} in {state.model_dir}"
+        where = (f"{position_words(progress.after)} in {state.model_dir}"
                  if progress.after is not None and state.model_dir is not None else "")
+        if result.work_lost:
+            resumes = (f"a rerun resumes at {where}, and the training since is lost" if where
+                       else "the training since the last complete state is lost")
+            return exit_with(result.status, f"launcher: preempted; the workers exited with "
+                                            f"{result.status}, but the notice's state could "
+                                            f"not be saved within the grace budget: {resumes}.")
+        saved = f", the state saved at {where}" if where else ""
         return exit_with(result.status, f"launcher: preempted; the workers exited with "
                                         f"{result.status}{saved}.")
     if progress.made:

@@ -188,7 +188,7 @@ class WorkerGroup:
         try:
             return self._watch(processes, record_paths)
         except SignalTaken as stop:
-            return self._stopped(processes, stop.signum)
+            return self._stopped(processes, stop.signum, record_paths)
         finally:
             for t in threads:
                 t.join(timeout=5)
@@ -271,7 +271,8 @@ class WorkerGroup:
                     return RoundResult(Outcome.GROWING)
             time.sleep(POLL_SECONDS)
 
-    def _stopped(self, processes: list[subprocess.Popen], signum: int) -> RoundResult:
+    def _stopped(self, processes: list[subprocess.Popen], signum: int,
+                 record_paths: Sequence[str]) -> RoundResult:
         """Stops every worker for the launcher's own signal (Ctrl-C, or a notice passed on)."""
         if signum == signal.SIGINT:
             stop(processes)
@@ -280,7 +281,9 @@ class WorkerGroup:
         self.say("launcher: preemption notice; passed to every worker, waiting for them to save.")
         stop(processes, signal.SIGTERM, self.grace)
         statuses = [protocol.normalized(p.returncode) for p in processes]
-        return RoundResult(Outcome.NOTICE, notice_status(statuses))
+        records = [protocol.StopRecord.read(path) for path in record_paths]
+        return RoundResult(Outcome.NOTICE, notice_status(statuses),
+                           work_lost=any(r is not None and r.work_lost for r in records))
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
