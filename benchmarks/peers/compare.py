@@ -58,7 +58,11 @@ CEILING = "independent_2x1"
 ONEDNN = {"as_set": {}, "off": {"TF_ENABLE_ONEDNN_OPTS": "0"},
           "on": {"TF_ENABLE_ONEDNN_OPTS": "1"},
           "avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-          "avx": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX"}}
+          "avx": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX"},
+          # An AVX2 CPU as TensorFlow and tfpar run it (Eigen's kernels, built for AVX), with
+          # PyTorch's oneDNN and MKL on their AVX2 kernels, as there.
+          "avx2_cpu": {"TF_ENABLE_ONEDNN_OPTS": "0", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                       "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 # What a configuration's DTYPE=auto would mean: only tfpar's own configurations take it
 # (``tfpar.training.recommend``); a peer has no such choice.
 TAKES_AUTO = ("tfpar_",)
