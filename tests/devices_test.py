@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import unittest
+from unittest import mock
 
 import tensorflow as tf
 from absl.testing import parameterized
@@ -30,6 +31,16 @@ class ResolveTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(str(device_set), "[CPU:0, CPU:1]")
         self.assertEqual(device_set.tf_names, ["/device:CPU:0", "/device:CPU:1"])
         self.assertEqual(len(tf.config.list_logical_devices("CPU")), 4)
+
+    @without_gpus
+    def test_fewer_gpus_than_asked_is_said_in_one_line(self):
+        with mock.patch.object(devices, "gpu_count", return_value=1), \
+                self.assertLogs(logger="absl", level="WARNING") as logs:
+            device_set = devices.resolve(2)
+        self.assertEqual(device_set.names, ("CPU:0", "CPU:1"))
+        self.assertEqual(logs.output, [
+            "WARNING:absl:2 devices asked and this process sees 1 GPU(s): training on 2 logical "
+            "CPU devices instead. Ask for 1 devices to train on the GPUs."])
 
     @parameterized.parameters("CPU:0,CPU:1", "cpu:0, /device:CPU:1",
                               "/job:localhost/replica:0/task:0/device:CPU:1,CPU:0")

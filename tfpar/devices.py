@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Union
 
 import tensorflow as tf
+from absl import logging
 
 from tfpar.errors import DeviceError
 from tfpar.host import thread_layouts
@@ -252,8 +253,13 @@ def _from_count(count: int) -> DeviceSet:
     if count < 1 or count > MAX_LOGICAL_CPUS:
         raise DeviceError(f"The number of devices must be from 1 to {MAX_LOGICAL_CPUS}. "
                           f"Received: {count}.")
-    if gpu_count() >= count:
+    gpus = gpu_count()
+    if gpus >= count:
         return DeviceSet(tuple(f"GPU:{i}" for i in range(count)))
+    if gpus:  # Said: a GPU job that meant its GPUs would otherwise train on the CPU unawares.
+        logging.warning("%d devices asked and this process sees %d GPU(s): training on %d "
+                        "logical CPU devices instead. Ask for %d devices to train on the GPUs.",
+                        count, gpus, count, gpus)
     ensure_logical_cpus(count)
     return DeviceSet(tuple(f"CPU:{i}" for i in range(count)))
 

@@ -14,6 +14,7 @@ from unittest import mock
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar.cluster import gpus
 from tfpar.cluster import launcher
 from tfpar.cluster import worker_group
 from tfpar.cluster.restart_policy import Outcome
@@ -209,6 +210,38 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
                          "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
                          "(CUDA_VISIBLE_DEVICES or nvidia-smi). Run fewer workers, or set "
                          "--gpus_per_worker=0 to run them on the CPU.")
+
+
+MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5a1c)
+  MIG 3g.20gb     Device  0: (UUID: MIG-aaaa-0000)
+  MIG 3g.20gb     Device  1: (UUID: MIG-aaaa-0001)
+GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-77e2)
+"""
+
+
+class GpuListingTest(tf.test.TestCase):
+    """The GPUs a host shows: CUDA_VISIBLE_DEVICES, nvidia-smi, the driver's list, MIG."""
+
+    def test_without_nvidia_smi_the_drivers_list_counts(self):
+        driver = self.get_temp_dir()
+        for address in ("0000:17:00.0", "0000:65:00.0"):
+            os.makedirs(os.path.join(driver, address))
+        self.assertEqual(gpus.visible_gpus({}, which=lambda _: None, driver_gpus=driver),
+                         ["0", "1"])
+        self.assertEqual(gpus.visible_gpus({}, which=lambda _: None,
+                                           driver_gpus=os.path.join(driver, "none")), [])
+        self.assertEqual(gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "3"}, which=lambda _: None,
+                                           driver_gpus=driver), ["3"])
+
+    def test_mig_instances_are_listed_by_uuid_one_per_worker(self):
+        listed = gpus.listed_gpus(MIG_LISTING)
+        self.assertEqual(listed, ["MIG-aaaa-0000", "MIG-aaaa-0001", "1"])
+        given, idle = gpus.shares(listed, 3)
+        self.assertEqual(given, {0: "MIG-aaaa-0000", 1: "MIG-aaaa-0001", 2: "1"})
+        self.assertIsNone(idle)
+        with self.assertRaisesRegex(ConfigError, r"^These GPUs are MIG instances, and CUDA "
+                                                 r"shows a process one MIG instance at most"):
+            gpus.shares(["MIG-a", "MIG-b", "MIG-c", "MIG-d"], 2)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,17 @@ CUDA, and so TensorFlow, then shows a worker only its share, numbered from 0 (Te
 ``GPU:0`` is the first GPU of its share). Without it every worker would see every GPU and, with
 one device each, all would train on the first. Shares follow the worker's slot (kept across
 restarts of an elastic job), so a worker keeps its GPUs when others come and go. No TensorFlow
-here: the launcher reads ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``.
+here: the launcher reads ``CUDA_VISIBLE_DEVICES``, ``nvidia-smi`` or, where ``nvidia-smi`` is
+not installed (a slim container), the driver's own list of GPUs in ``/proc``.
+
+MIG: a GPU split into MIG instances is listed as its instances' UUIDs (``MIG-...``), each a
+worker's share of one: CUDA shows a process one MIG instance at most, so ``gpus_per_worker``
+above 1 is refused there.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,11 +27,18 @@ from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 
 
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
+"""Where NVIDIA's driver lists the host's GPUs, one folder each (read where nvidia-smi is
+missing)."""
+
+
 def visible_gpus(environ: Mapping[str, str],
-                 which: Callable[[str], str | None] = shutil.which) -> list[str]:
+                 which: Callable[[str], str | None] = shutil.which,
+                 driver_gpus: str = DRIVER_GPUS) -> list[str]:
     """The GPUs this process may use, as CUDA names them: ``CUDA_VISIBLE_DEVICES``'s entries
-    when it is set, else the indices ``nvidia-smi --list-gpus`` lists where it is installed,
-    else none."""
+    when it is set, else what ``nvidia-smi --list-gpus`` lists where it is installed (a GPU's
+    index, or its MIG instances' UUIDs), else one index per GPU the driver lists in
+    ``driver_gpus``, else none."""
     visible = environ.get(protocol.VISIBLE_GPUS_ENV)
     if visible is not None:
         entries = [d.strip() for d in visible.split(",")]
@@ -38,14 +51,31 @@ def visible_gpus(environ: Mapping[str, str],
         return shown
     program = which("nvidia-smi")
     if program is None:
-        return []
+        try:  # A slim image without nvidia-smi: the driver still lists its GPUs.
+            return [str(i) for i in range(len(os.listdir(driver_gpus)))]
+        except OSError:
+            return []
     try:
         listed = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
                                 timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []  # A driver that does not answer gives no GPU, as none would.
-    return [str(i) for i, line in enumerate(
-        line for line in listed.splitlines() if line.startswith("GPU "))]
+    return listed_gpus(listed)
+
+
+def listed_gpus(listing: str) -> list[str]:
+    """The GPUs in ``nvidia-smi --list-gpus``'s output: each GPU's index, or, for a GPU split
+    into MIG instances, the instances' UUIDs (the names CUDA takes for them)."""
+    gpus: list[list[str]] = []
+    for line in listing.splitlines():
+        if line.startswith("GPU "):
+            gpus.append([str(len(gpus))])
+        elif gpus and line.strip().startswith("MIG ") and "UUID: MIG-" in line:
+            uuid = line.split("UUID: ", 1)[1].rstrip(") ").strip()
+            if gpus[-1] == [str(len(gpus) - 1)]:  # Its first instance replaces the GPU.
+                gpus[-1] = []
+            gpus[-1].append(uuid)
+    return [name for names in gpus for name in names]
 
 
 def shares(gpus: Sequence[str], num_slots: int,
@@ -75,6 +105,11 @@ def shares(gpus: Sequence[str], num_slots: int,
     if per_worker == 0:
         return {slot: "" for slot in range(num_slots)}, None
     each = per_worker if per_worker is not None else len(gpus) // num_slots
+    if each > 1 and any(gpu.startswith("MIG-") for gpu in gpus):
+        raise ConfigError(f"These GPUs are MIG instances, and CUDA shows a process one MIG "
+                          f"instance at most; {num_slots} workers would get {each} each. Give "
+                          f"each worker one ({{argument}}=1), or start {len(gpus)} workers.",
+                          argument="gpus_per_worker")
     if each == 0 or each * num_slots > len(gpus):
         raise ConfigError(
             f"{num_slots} workers of {each or 1} GPU each need {max(each, 1) * num_slots} GPUs; "
