@@ -76,6 +76,51 @@ class SlurmTest(tf.test.TestCase, parameterized.TestCase):
         _, _, _, visible = self.resolve(srun_environment(rank=1, CUDA_VISIBLE_DEVICES="0"))
         self.assertEqual(visible, "0")
 
+    @parameterized.named_parameters(
+        ("one_gpu_per_task", 1, "1", 4), ("several_per_task", 1, "2,3", 4),
+        ("a_whole_node", 0, "4,5,6,7", 8), ("none", 1, "", 4))
+    def test_the_gpus_slurm_gave_a_task_are_kept(self, rank, given, node_gpus):
+        # --gpus-per-task gives each task its own CUDA_VISIBLE_DEVICES; the node shows more.
+        smi = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), node_gpus))
+        environ = srun_environment(rank=rank, tasks=2 if rank else 1,
+                                   per_node="2" if rank else "1", CUDA_VISIBLE_DEVICES=given)
+        _, _, task_id, visible = self.resolve(environ, path=smi)
+        self.assertEqual((task_id, visible), (rank, given))
+
+    def test_a_tasks_share_is_pinned_before_cuda_starts(self):
+        smi = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 4))
+        environ = srun_environment(rank=1, SLURM_LOCALID="1")
+        with mock.patch.dict(os.environ, {"PATH": smi}):
+            self.assertEqual(slurm.pin_gpus(environ), "2,3")
+        self.assertEqual(environ["CUDA_VISIBLE_DEVICES"], "2,3")
+        self.assertEqual(slurm.given_gpus(environ), 2)
+        # What TensorFlow's resolver then keeps is the same share.
+        self.assertEqual(self.resolve(environ, path=smi)[3], "2,3")
+        # Slurm's own gift, a CPU node, a node with fewer GPUs than tasks: nothing set.
+        for kept in ({"CUDA_VISIBLE_DEVICES": "5"}, {}):
+            environ = srun_environment(rank=1, SLURM_LOCALID="1", **kept)
+            with mock.patch.dict(os.environ, {"PATH": ""}):
+                self.assertIsNone(slurm.pin_gpus(environ))
+            self.assertEqual(environ.get("CUDA_VISIBLE_DEVICES"), kept.get(
+                "CUDA_VISIBLE_DEVICES"))
+
+    def test_the_train_command_pins_and_counts_them_before_tensorflow_starts(self):
+        # The order that matters: CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first
+        # lists the GPUs; the share is set while the flags become a config, before any import.
+        smi = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 4))
+        code = ("import os, sys\n"
+                "from tfpar.cli import train\n"
+                "train.FLAGS(['tfpar-train', '--strategy=multi_worker', '--dataset=digits'])\n"
+                "config, device_sets = train.config_from_flags()\n"
+                "print(os.environ['CUDA_VISIBLE_DEVICES'], device_sets, "
+                "'tensorflow' in sys.modules)\n")
+        environ = {**os.environ, **srun_environment(rank=1, SLURM_LOCALID="1"),
+                   "PATH": f"{smi}:{os.environ['PATH']}"}
+        environ.pop("CUDA_VISIBLE_DEVICES", None)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=environ, timeout=120)
+        self.assertEqual(result.stdout.split(), ["2,3", "[2]", "False"], result.stderr[-2000:])
+
     def test_an_nvidia_smi_listing_no_gpu_is_a_cpu_node(self):
         spec, _, _, visible = self.resolve(srun_environment(), path=os.path.dirname(
             stand_in_nvidia_smi(self.get_temp_dir(), 0)))

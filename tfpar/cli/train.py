@@ -24,6 +24,7 @@ from tfpar.cli import train_report as report
 from tfpar.cluster import gpus
 from tfpar.cluster import preemption
 from tfpar.cluster import protocol
+from tfpar.cluster import slurm
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.host import machine
@@ -89,7 +90,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
                          for n in FLAGS.num_devices])
     given = _gpus_given()
     if given and not FLAGS.devices and not FLAGS["num_devices"].present:
-        device_sets = [given]  # A launched worker trains on the GPUs it was given.
+        device_sets = [given]  # A worker trains on the GPUs it was given.
     values = {}
     for group in OPTION_GROUPS:  # Each option group checks its values on construction.
         values.update(dataclasses.asdict(group(**config_flags.values(group))))
@@ -103,9 +104,11 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
 
 
 def _gpus_given() -> int:
-    """How many GPUs tfpar's launcher gave this worker (0: not launched by it, or none)."""
+    """How many GPUs this worker was given: by tfpar's launcher, or to a Slurm task (by Slurm,
+    or its share of the node's, pinned here before anything starts CUDA); 0 otherwise."""
+    slurm.pin_gpus()
     if protocol.SLOT_ENV not in os.environ:
-        return 0
+        return slurm.given_gpus(os.environ)
     return len(gpus.visible_gpus(os.environ, which=lambda _: None))
 
 

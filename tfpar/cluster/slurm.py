@@ -24,9 +24,11 @@ import re
 import shutil
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
-from tfpar.cluster import gpus
+from tfpar.cluster import gpus as gpus_lib
+from tfpar.cluster import protocol
 from tfpar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -137,7 +139,47 @@ def gpus_on_node(environ: Mapping[str, str],
                  which: Callable[[str], str | None] = shutil.which) -> int:
     """How many GPUs this node shows the task: ``CUDA_VISIBLE_DEVICES`` when set, else what
     ``nvidia-smi --list-gpus`` lists where it is installed, else none."""
-    return len(gpus.visible_gpus(environ, which))
+    return len(gpus_lib.visible_gpus(environ, which))
+
+
+def pin_gpus(environ: MutableMapping[str, str] | None = None,
+             which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """Gives this task its own share of the node's GPUs through ``CUDA_VISIBLE_DEVICES``,
+    before anything starts CUDA (which reads it once, at its start), where Slurm gave the task
+    none of its own: the node's GPUs (``nvidia-smi``) divided evenly among the step's tasks
+    on the node, by the task's local id, as TensorFlow's resolver would allocate them.
+
+    Args:
+        environ: The task's environment (default: this process's), changed in place.
+        which: Finds ``nvidia-smi``.
+
+    Returns:
+        What it set, or ``None`` where it set nothing: not a Slurm task, GPUs already given,
+        or fewer GPUs on the node than tasks.
+    """
+    environ = os.environ if environ is None else environ
+    needed = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID")
+    if protocol.VISIBLE_GPUS_ENV in environ or not all(name in environ for name in needed):
+        return None
+    try:
+        per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
+        local = int(environ["SLURM_LOCALID"])
+    except (ClusterError, ValueError):
+        return None  # Said where the cluster is resolved.
+    node = gpus_lib.visible_gpus(environ, which)
+    each = len(node) // per_node
+    if each == 0 or not 0 <= local < per_node:
+        return None
+    share = ",".join(node[local * each:(local + 1) * each])
+    environ[protocol.VISIBLE_GPUS_ENV] = share
+    return share
+
+
+def given_gpus(environ: Mapping[str, str]) -> int:
+    """How many GPUs a Slurm task was given (``CUDA_VISIBLE_DEVICES``), 0 outside Slurm."""
+    if "SLURM_PROCID" not in environ or protocol.VISIBLE_GPUS_ENV not in environ:
+        return 0
+    return len(gpus_lib.visible_gpus(environ, lambda _: None))
 
 
 def resolver(environ: Mapping[str, str] | None = None
@@ -162,8 +204,14 @@ def resolver(environ: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     check_environment(environ)
     per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
-    gpus = gpus_on_node(environ)
     base = port_base(environ, per_node)
+    if protocol.VISIBLE_GPUS_ENV in environ:
+        # Slurm (--gpus-per-task, --gres) or pin_gpus gave this task its GPUs: kept as they
+        # are. TensorFlow's allocation would count them as the node's and rewrite them to
+        # indices of other tasks' GPUs (task 1 given 2,3 would get 1).
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=base, gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
+    gpus = gpus_on_node(environ)
     if gpus >= per_node:
         return tf.distribute.cluster_resolver.SlurmClusterResolver(
             port_base=base, gpus_per_node=gpus, gpus_per_task=gpus // per_node)
