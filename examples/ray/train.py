@@ -39,9 +39,9 @@ _ADDRESS = flags.DEFINE_string("address", None, "Ray cluster to join ('auto': th
 # --8<-- [start:loop]
 def train_loop_per_worker(config: dict) -> None:
     """What every Ray worker runs: a plain Keras program under a tfpar entry."""
+    # tfpar first: it chooses TensorFlow's CPU kernels before TensorFlow starts.
+    import tfpar  # noqa: I001
     import keras
-
-    import tfpar
 
     strategy = tfpar.strategies.get(config["strategy"])  # The cluster: Ray's TF_CONFIG.
     splits = tfpar.data.load("digits")
