@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 
-
 DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 """Where NVIDIA's driver lists the host's GPUs, one folder each (read where nvidia-smi is
 missing)."""
