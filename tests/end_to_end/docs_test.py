@@ -224,9 +224,13 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         examples = set()
         for example in glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True):
             examples |= set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", read(example)))
-        known = set().union(*self.defined_flags().values()) | examples | {
+        # The peers benchmark's own options (benchmarks/peers/compare.py).
+        peers = set(re.findall(r"add_argument\(\"--(\w+)\"",
+                               read(os.path.join(ROOT, "benchmarks", "peers", "compare.py"))))
+        self.assertIn("onednn", peers)
+        known = set().union(*self.defined_flags().values()) | examples | peers | {
             "json", "show_tensorflow_log", "help", "helpfull",  # tfpar-env, absl
-            "requeue", "gpus_per_task", "signal", "cpus_per_task", "resv_ports",  # sbatch, srun
+            "requeue", "gpus_per_task", "signal", "cpus_per_task", "resv_ports", "gres",  # srun
             "no_deps",  # pip
             "shm_size",  # docker run
             "nnodes",  # torchrun
