@@ -123,6 +123,8 @@ class StopRecord:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
+            if not isinstance(data, dict):  # JSON, but not a record (a launcher must not fail).
+                return None
             position = data.get("position")
             return cls(status=int(data["status"]), reason=str(data.get("reason", "")),
                        unresponsive=tuple(int(i) for i in data.get("unresponsive", ())),
