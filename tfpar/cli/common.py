@@ -60,7 +60,7 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         # SIGTERM stops the program as Ctrl-C does (files are written atomically, so only
         # complete results and checkpoints are left behind), unless it is watched as a
         # preemption notice (tfpar.cluster.preemption: every program from run_main's start).
-        previous = (signal.getsignal(signal.SIGTERM) if preemption.watching(signal.SIGTERM)
+        previous = (None if preemption.watching(signal.SIGTERM)
                     else signal.signal(signal.SIGTERM, _raise_keyboard_interrupt))
         _end_if_stuck_after_signal()
         _running.set()

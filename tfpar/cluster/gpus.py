@@ -65,16 +65,13 @@ def visible_gpus(environ: Mapping[str, str],
 def listed_gpus(listing: str) -> list[str]:
     """The GPUs in ``nvidia-smi --list-gpus``'s output: each GPU's index, or, for a GPU split
     into MIG instances, the instances' UUIDs (the names CUDA takes for them)."""
-    gpus: list[list[str]] = []
+    instances: list[list[str]] = []  # Per GPU, in order: its MIG instances' UUIDs.
     for line in listing.splitlines():
         if line.startswith("GPU "):
-            gpus.append([str(len(gpus))])
-        elif gpus and line.strip().startswith("MIG ") and "UUID: MIG-" in line:
-            uuid = line.split("UUID: ", 1)[1].rstrip(") ").strip()
-            if gpus[-1] == [str(len(gpus) - 1)]:  # Its first instance replaces the GPU.
-                gpus[-1] = []
-            gpus[-1].append(uuid)
-    return [name for names in gpus for name in names]
+            instances.append([])
+        elif instances and line.strip().startswith("MIG ") and "UUID: MIG-" in line:
+            instances[-1].append(line.split("UUID: ", 1)[1].rstrip(") ").strip())
+    return [name for index, uuids in enumerate(instances) for name in uuids or [str(index)]]
 
 
 def shares(gpus: Sequence[str], num_slots: int,

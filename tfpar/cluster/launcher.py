@@ -179,55 +179,47 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
     try:
-        return _supervise(command, num_workers, host, out, all_output, network, max_restarts,
-                          resumes_itself, min_workers, gpus, gpus_per_worker)
+        model_dir = model_dir_of(command)
+        _check_launch(command, num_workers, min_workers, host, network, max_restarts,
+                      model_dir if model_dir is not None or not resumes_itself else "")
+        slots = elastic.WorkerSlots(num_workers if min_workers is None else min_workers,
+                                    num_workers)
+        given, idle = gpus_lib.shares(
+            list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
+            gpus_per_worker)
+        out = out or sys.stdout
+        if worker_environment.legacy_keras_asked():
+            out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
+                      "TensorflowTrainer sets it) is not passed to the workers: tf.keras is "
+                      "Keras 3 in them, as tfpar's strategies need.\n")
+        if idle:
+            out.write(f"{idle}\n")
+        grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
+        runs = run_folders(command)
+
+        def position() -> tuple[int, int] | None:
+            return protocol.last_saved_position(model_dir, runs) if model_dir is not None else None
+
+        state = JobState(slots, max_restarts, 0, model_dir)
+        while True:
+            before = position()
+            group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
+                                grace, given, _growth_due(state.slots, position, before))
+            try:
+                check_signals()  # A signal before or between rounds: no worker is running.
+                result = group.run()
+            except SignalTaken as stop:
+                result = _between_rounds(stop.signum, group)
+            decision = decide(result, Progress(before, position()), state)
+            if decision.line:
+                out.write(f"{decision.line}\n")
+                out.flush()
+            if decision.action is Action.EXIT:
+                return decision.status
+            state = decision.state
     finally:
         if subscribed:
             signal_router.unsubscribe()
-
-
-def _supervise(command: Sequence[str], num_workers: int, host: str, out: TextIO | None,
-               all_output: bool, network: str, max_restarts: int, resumes_itself: bool,
-               min_workers: int | None, gpus: Sequence[str] | None,
-               gpus_per_worker: int | None) -> int:
-    """:func:`launch`'s work, with the launcher's signals routed (see :func:`launch`)."""
-    model_dir = model_dir_of(command)
-    _check_launch(command, num_workers, min_workers, host, network, max_restarts,
-                  model_dir if model_dir is not None or not resumes_itself else "")
-    slots = elastic.WorkerSlots(num_workers if min_workers is None else min_workers, num_workers)
-    given, idle = gpus_lib.shares(
-        list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
-        gpus_per_worker)
-    out = out or sys.stdout
-    if worker_environment.legacy_keras_asked():
-        out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's TensorflowTrainer sets "
-                  "it) is not passed to the workers: tf.keras is Keras 3 in them, as tfpar's "
-                  "strategies need.\n")
-    if idle:
-        out.write(f"{idle}\n")
-    grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
-    runs = run_folders(command)
-
-    def position() -> tuple[int, int] | None:
-        return protocol.last_saved_position(model_dir, runs) if model_dir is not None else None
-
-    state = JobState(slots, max_restarts, 0, model_dir)
-    while True:
-        before = position()
-        group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
-                            grace, given, _growth_due(state.slots, position, before))
-        try:
-            check_signals()  # A signal before or between rounds: no worker is running.
-            result = group.run()
-        except SignalTaken as stop:
-            result = _between_rounds(stop.signum, group)
-        decision = decide(result, Progress(before, position()), state)
-        if decision.line:
-            out.write(f"{decision.line}\n")
-            out.flush()
-        if decision.action is Action.EXIT:
-            return decision.status
-        state = decision.state
 
 
 def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
