@@ -2,6 +2,7 @@
 per replica, and their mean where the number of replicas changed."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -43,15 +44,60 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
             self.assertEqual(saved.shape, (2, 3))
             self.assertNotAllClose(saved[0], saved[1])  # Each replica's shard differed.
             self.assertAllEqual(saved, np.stack(own_copies(model.variables[place])))
-        # Written as JSON and read back bit for bit.
-        decoded = replica_copies.decode(json.loads(json.dumps(replica_copies.encode(copies))))
-        for place in copies:
-            self.assertAllEqual(decoded[place], copies[place])
         # Given back to a fresh model of the same build, replica by replica.
         fresh = self.trained(2)
-        replica_copies.scatter(fresh, decoded)
+        replica_copies.scatter(fresh, copies)
         for place in copies:
             self.assertAllEqual(np.stack(own_copies(fresh.variables[place])), copies[place])
+
+    def test_written_per_worker_in_binary_and_read_back_bit_for_bit(self):
+        model = self.trained(2)
+        copies = replica_copies.gather(model)
+        folder = os.path.join(self.get_temp_dir(), "copies")
+        replica_copies.write(model, folder)
+        # One process holds both replicas: one file, binary.
+        self.assertEqual(os.listdir(folder), ["replicas-00000-00001-of-00002.npz"])
+        self.assertEqual(replica_copies.read_own(folder, [1, 0]).keys(), copies.keys())
+        for place, rows in replica_copies.read_own(folder, [1, 0]).items():
+            self.assertAllEqual(rows.view(np.uint32), copies[place][::-1].view(np.uint32))
+        fresh = self.trained(2)
+        self.assertTrue(replica_copies.read(fresh, folder))
+        for place in copies:
+            self.assertAllEqual(np.stack(own_copies(fresh.variables[place])), copies[place])
+        # On 4 replicas: the mean of the saved copies, on each.
+        four = self.trained(4)
+        self.assertTrue(replica_copies.read(four, folder))
+        for place, saved in copies.items():
+            for copy in own_copies(four.variables[place]):
+                self.assertAllClose(copy, saved.mean(axis=0), rtol=1e-6)
+
+    def test_nothing_is_written_when_the_copies_agree_and_nothing_read(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = batchnorm_model()
+        folder = os.path.join(self.get_temp_dir(), "agree")
+        replica_copies.write(model, folder)
+        self.assertFalse(os.path.exists(folder))
+        self.assertFalse(replica_copies.read(model, folder))
+
+    def test_files_that_do_not_cover_each_replica_once_are_refused(self):
+        folder = os.path.join(self.get_temp_dir(), "torn")
+        row = {3: np.zeros((2, 3), np.float32)}
+        replica_copies.write_own(folder, [0, 1], 4, row)  # Replicas 2 and 3 never wrote.
+        with self.assertRaisesRegex(ValueError, r"do not cover each replica once \("
+                                    r"replicas-00000-00001-of-00004\.npz\)"):
+            replica_copies.read(self.trained(2), folder)
+        replica_copies.write_own(folder, [2, 3], 4, row)
+        self.assertLen(replica_copies.read_own(folder, [2, 3])[3], 2)
+
+    def test_the_json_functions_are_deprecated_and_still_read_back_bit_for_bit(self):
+        copies = replica_copies.gather(self.trained(2))
+        with self.assertWarnsRegex(DeprecationWarning, "use tfpar.replica_copies.write"):
+            data = json.loads(json.dumps(replica_copies.encode(copies)))
+        with self.assertWarnsRegex(DeprecationWarning, "use tfpar.replica_copies.read"):
+            decoded = replica_copies.decode(data)
+        for place in copies:
+            self.assertAllEqual(decoded[place], copies[place])
 
     def test_a_changed_number_of_replicas_gets_the_mean(self):
         copies = replica_copies.gather(self.trained(2))
@@ -99,7 +145,7 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(ValueError, r"are of variable 99; the model has"):
             replica_copies.scatter(model, {99: np.zeros((2, 3), np.float32)})
         with self.assertRaisesRegex(ValueError, "Not saved replicas' copies"):
-            replica_copies.decode({"3": {"values": [1.0]}})
+            replica_copies.decode_json({"3": {"values": [1.0]}})
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ of the partly trained epoch, summed over the replicas in another order, within f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from unittest import mock
 
 import keras
 import numpy as np
@@ -233,6 +235,62 @@ class ExactResumeCase(testing.StrategyTestCase):
         self.assertNotEmpty(seeds)
         for at, seed in seeds.items():
             self.assertEqual(whole_seeds[at], seed, msg=f"epoch {at[0] + 1} step {at[1] + 1}")
+
+
+@contextlib.contextmanager
+def killed_inside_save(window: str, save: int):
+    """Raises "killed" (as a killed process would stop) inside ``BackupAndRestore``'s save
+    number ``save`` (1-based), at ``window``: while the weights file is written (leaving it
+    half written), after it, at the metadata file's rename, or after that rename while older
+    files are removed."""
+    saves = [0]
+    save_weights, replace, remove = keras.Model.save_weights, os.replace, os.remove
+
+    def killing_save_weights(model, filepath, *args, **kwargs):
+        saves[0] += 1
+        save_weights(model, filepath, *args, **kwargs)
+        if saves[0] == save and window == "writing_the_weights":
+            with open(filepath, "r+b") as f:
+                f.truncate(os.path.getsize(filepath) // 2)
+            raise RuntimeError("killed")
+        if saves[0] == save and window == "after_the_weights":
+            raise RuntimeError("killed")
+
+    def killing_replace(src, dst, *args, **kwargs):
+        if (saves[0] == save and window == "renaming_the_metadata"
+                and str(dst).endswith("training_metadata.json")):
+            raise RuntimeError("killed")
+        return replace(src, dst, *args, **kwargs)
+
+    def killing_remove(path, *args, **kwargs):
+        if saves[0] == save and window == "removing_older_files":
+            raise RuntimeError("killed")
+        return remove(path, *args, **kwargs)
+
+    with mock.patch.object(keras.Model, "save_weights", killing_save_weights), \
+            mock.patch("os.replace", killing_replace), mock.patch("os.remove", killing_remove):
+        yield
+
+
+class TornBackupTest(ExactResumeCase):
+    """A kill inside a ``BackupAndRestore`` save (its weights, its metadata, tfpar's state
+    beyond the weights) resumes from a whole save, the last or the one before: the resumed run
+    ends bit for bit where the uninterrupted one ends, and no restart fails on a torn file."""
+
+    @parameterized.parameters("writing_the_weights", "after_the_weights",
+                              "renaming_the_metadata", "removing_older_files")
+    def test_a_kill_inside_a_save_resumes_from_a_whole_save(self, window):
+        base = self.get_temp_dir()
+        whole, _, _ = self.fit("mirrored", "users_functional", os.path.join(base, "whole"),
+                               interruption="backup_and_restore_kill")
+        parts = os.path.join(base, "parts")
+        # Saves after steps 3, 6 and 9: killed inside the third (epoch 2 step 4).
+        with killed_inside_save(window, save=3), self.assertRaisesRegex(RuntimeError, "killed"):
+            self.fit("mirrored", "users_functional", parts,
+                     interruption="backup_and_restore_kill")
+        resumed, _, _ = self.fit("mirrored", "users_functional", parts,
+                                 interruption="backup_and_restore_kill")
+        self.assertSameState(state(whole), state(resumed))
 
 
 # Every cell: entry x model x interruption, and the users' model with several steps per call

@@ -74,8 +74,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
     HISTORY_FILE = "history.json"
     # Each checkpoint's copies of the variables replicas updated apart (per-replica BatchNorm
-    # statistics; see :mod:`tfpar.replica_copies`), as ``REPLICA_COPIES_DIR/ckpt-N.json``,
-    # written before the checkpoint, where any replica's copy differed from the first's.
+    # statistics; see :mod:`tfpar.replica_copies`), in ``REPLICA_COPIES_DIR/ckpt-N/``, a file
+    # written by each worker before the checkpoint, where any replica's copy differed.
     REPLICA_COPIES_DIR = "replica_copies"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
@@ -194,13 +194,17 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return epochs
 
     def _replica_copies_path(self, name: str) -> str:
-        return os.path.join(self.directory, self.REPLICA_COPIES_DIR, f"{name}.json")
+        """The folder of checkpoint ``name``'s replicas' copies, a file per worker."""
+        return os.path.join(self.directory, self.REPLICA_COPIES_DIR, name)
 
     def _restore_replica_copies(self, name: str) -> None:
         """Gives each replica its own copy of what replicas updated apart, as saved."""
+        path = self._replica_copies_path(name)
         try:
-            with open(self._replica_copies_path(name), encoding="utf-8") as f:
-                copies = replica_copies.decode(json.load(f))
+            if replica_copies.read(self._model, path, self._strategy):
+                return
+            with open(f"{path}.json", encoding="utf-8") as f:  # Saved by tfpar 0.3.
+                copies = replica_copies.decode_json(json.load(f))
         except FileNotFoundError:
             return  # Every replica's copy was the same: the checkpoint holds it.
         except (OSError, ValueError) as e:
@@ -210,26 +214,22 @@ class EpochCheckpoint(keras.callbacks.Callback):
         replica_copies.scatter(self._model, copies, self._strategy)
 
     def _write_replica_copies(self, name: str) -> None:
-        """Gathers (every worker) and writes (the chief) the replicas' copies that differ."""
-        copies = replica_copies.gather(self._model, self._strategy)
-        if not self._chief:
-            return
+        """Each worker writes its own replicas' copies of what differs between replicas."""
         path = self._replica_copies_path(name)
-        if copies:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_io.write_text(path, json.dumps(replica_copies.encode(copies)))
-        else:  # A file of an earlier save of this number would be read with this one.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        if self._chief:  # What a failed save of this number left (before any worker writes).
+            shutil.rmtree(path, ignore_errors=True)
+        replica_copies.write(self._model, path, self._strategy)
 
     def _prune_replica_copies(self) -> None:
         """Removes the copies of checkpoints the manager no longer keeps."""
-        kept = {f"{os.path.basename(path)}.json" for path in self._manager.checkpoints}
+        kept = {os.path.basename(path) for path in self._manager.checkpoints}
         folder = os.path.join(self.directory, self.REPLICA_COPIES_DIR)
         with contextlib.suppress(OSError):
             for name in os.listdir(folder):
-                if name not in kept:
-                    os.remove(os.path.join(folder, name))
+                if name.removesuffix(".json") not in kept:
+                    shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(folder, name))
 
     @property
     def position(self) -> tuple[int, int]:

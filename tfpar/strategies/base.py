@@ -65,6 +65,8 @@ class TfparStrategy(_StrategyBase):
         super().__init__(*args, **kwargs)
         if self.num_replicas_in_sync > 1:  # Keras's defects are in the several-replica paths.
             keras_fixes.install()
+        else:  # A backup a run of several replicas wrote is read the same way on one.
+            keras_fixes.install(keras_fixes.BACKUP_AND_RESTORE)
 
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The step hook: a function to run in place of ``step``, or ``None`` for ``step``.

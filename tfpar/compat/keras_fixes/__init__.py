@@ -1,6 +1,8 @@
 """tfpar's fixes for defects of Keras 3 under ``tf.distribute``, one module each, and their
 registry: installed by every tfpar strategy of several replicas
-(:class:`tfpar.strategies.base.TfparStrategy`).
+(:class:`tfpar.strategies.base.TfparStrategy`), and those of ``BackupAndRestore`` by every tfpar
+strategy (:data:`BACKUP_AND_RESTORE`: a backup folder tfpar wrote is read the same way on one
+device).
 
 - :mod:`.symbolic_build`: ``fit``/``evaluate`` build a model from one replica's shard, not a
   cross-replica mean (uneven first batches under ``mirrored``; every ``multi_worker`` run).
@@ -46,9 +48,9 @@ from tfpar.compat.keras_fixes.fix import Fix
 from tfpar.compat.keras_fixes.fix import FixUnavailable
 from tfpar.compat.keras_fixes.scalar_logs import ReportsGlobalValues
 
-__all__ = ["FIXES", "Fix", "FixUnavailable", "MODE_ENV", "ReportsGlobalValues",
-           "VERIFIED_KERAS", "install", "installed", "skip_reason", "status", "unavailable",
-           "unavailable_line", "uninstall"]
+__all__ = ["BACKUP_AND_RESTORE", "FIXES", "Fix", "FixUnavailable", "MODE_ENV",
+           "ReportsGlobalValues", "VERIFIED_KERAS", "install", "installed", "skip_reason",
+           "status", "unavailable", "unavailable_line", "uninstall"]
 
 # The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
 # to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
@@ -71,6 +73,11 @@ FIXES: tuple[Fix, ...] = (
         mid_epoch_resume.wrap_enumerate_iterator, parameters=("self",)),
 )
 """Every fix, in the order they are installed."""
+
+BACKUP_AND_RESTORE: tuple[str, ...] = (*(fix.name for fix in backup_and_restore.FIXES),
+                                       "mid_epoch_start")
+"""The fixes ``BackupAndRestore`` needs on any number of replicas: its save (a generation
+committed in one rename), load, epoch count and resume inside an epoch."""
 
 _originals: dict[str, Callable] = {}
 _skipped: list[str] = []  # Why the fixes were not applied, once known.

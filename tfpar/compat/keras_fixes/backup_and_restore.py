@@ -13,24 +13,36 @@ batch but never reads it): with :mod:`tfpar.compat.mid_epoch_resume`, a resumed 
 continues at that step. Last, ``save_weights`` leaves out two kinds of state a resume needs:
 the layers' random generators' states (a resumed Dropout drew the masks of the run's first
 steps again) and each replica's own copy of what replicas update apart (per-replica BatchNorm
-statistics, of which the weights file holds the first replica's): the fix records both in the
-metadata file and restores them after Keras loads the weights.
+statistics, of which the weights file holds the first replica's): the fix records the
+generators' states in the metadata file, has each worker write its replicas' copies
+(:func:`tfpar.replica_copies.write`), and restores both after Keras loads the weights.
+
+**One save, one commit.** Keras rewrites its weights file in place and then its metadata file:
+a kill inside the first leaves a torn weights file every restart fails on, one between them
+resumes the old position on new weights. The fix saves each backup as a new *generation*
+(``generation-N.weights.h5`` and ``replica_copies/N/``) beside the last complete one, and
+commits it by renaming the metadata file, which names it, over the old one; older generations
+are removed after. A kill at any moment resumes from a whole save: the new one, or the one
+before. With ``double_checkpoint=True`` the generation before stays (named by the ``.bkp``
+metadata) and is resumed from when the newest weights file is damaged.
 
 Upstream: none found. Checked on Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15.
 Fails without it: ``tests/compat/keras_fixes_test.py`` (``BackupAndRestoreTest``:
 ``test_the_epochs_finished_are_recorded``,
 ``test_a_worker_that_is_not_the_chief_leaves_the_backup_alone``) and
 ``tests/end_to_end/exactness_test.py`` (the ``backup_and_restore_kill`` cells of the models
-with BatchNorm and Dropout).
+with BatchNorm and Dropout, and ``TornBackupTest``, a kill inside each window of a save).
 Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
 the fix).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -40,6 +52,7 @@ import keras
 import numpy as np
 from absl import logging
 
+from tfpar import atomic_io
 from tfpar import replica_copies
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
@@ -67,25 +80,8 @@ def _wrap_backup_save(original: Callable) -> Callable:
             self._current_epoch, self._last_batch_seen = epoch + 1, 0
         # Where the resumed run starts inside its epoch (0: at its start).
         next_step = 0 if self.save_freq == "epoch" or after_last_batch else batch + 1
-        # Read on every worker: a multi-worker strategy sums metric variables in a collective,
-        # and gathers the replicas' own copies in one.
-        metrics = mid_epoch_resume.metric_values(self.model)
-        state = _state_beyond_weights(self.model)
         try:
-            if _writes_checkpoints(self):
-                saved = original(self)
-                _record_step(self._training_metadata_path, next_step, metrics, state)
-                return saved
-            scratch = tempfile.mkdtemp(prefix="tfpar-backup-")
-            kept = {name: getattr(self, name) for name in _BACKUP_PATHS}
-            try:
-                for name, path in kept.items():
-                    setattr(self, name, path.replace(kept["backup_dir"], scratch, 1))
-                return original(self)
-            finally:
-                for name, path in kept.items():
-                    setattr(self, name, path)
-                shutil.rmtree(scratch, ignore_errors=True)
+            _save_generation(self, original, next_step)
         finally:
             self._current_epoch, self._last_batch_seen = epoch, batch
 
@@ -94,10 +90,91 @@ def _wrap_backup_save(original: Callable) -> Callable:
 
 # Keys tfpar adds to BackupAndRestore's training_metadata.json: the step inside the saved epoch
 # the resumed run starts at, the epoch's metric values until then, the random generators'
-# states (``save_weights`` leaves them out) and the replicas' own copies of what they update
-# apart (:mod:`tfpar.replica_copies`).
+# states (``save_weights`` leaves them out), the save's generation (its weights file and its
+# replicas' own copies, :mod:`tfpar.replica_copies`) and, in saves of tfpar 0.3, the copies.
 STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
 SEEDS_KEY, REPLICA_COPIES_KEY = "tfpar_seed_states", "tfpar_replica_copies"
+GENERATION_KEY = "tfpar_generation"
+# Where a generation's files go in the backup folder.
+_WEIGHTS_FILE, _COPIES_DIR = "generation-{}.weights.h5", "replica_copies"
+_GENERATION_FILE = re.compile(r"^generation-(\d+)\.weights\.h5$")
+
+
+def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
+    """One save as one commit: the chief writes the weights of a new generation beside the
+    last one, every worker its replicas' own copies, and only then does the chief replace the
+    metadata file, which names the generation, in one rename. A kill at any moment leaves the
+    metadata naming a complete generation (the new one, or the one before) and its files."""
+    committed = _read_metadata(callback._training_metadata_path).get(GENERATION_KEY, 0)
+    generation = committed + 1  # Read by every worker before any of them can commit this one.
+    copies = os.path.join(callback.backup_dir, _COPIES_DIR, str(generation))
+    chief = _writes_checkpoints(callback)
+    if chief:  # What a save of this generation that never committed left.
+        shutil.rmtree(copies, ignore_errors=True)
+    # On every worker: a multi-worker strategy sums metric variables in a collective, and the
+    # copies' fingerprints and write count are collectives.
+    metrics = mid_epoch_resume.metric_values(callback.model)
+    replica_copies.write(callback.model, copies)
+    seeds = [np.asarray(keras.ops.convert_to_numpy(v)).tolist()
+             for v in _seed_states(callback.model)]
+    kept = {name: getattr(callback, name) for name in _BACKUP_PATHS}
+    double = callback.double_checkpoint
+    scratch = None if chief else tempfile.mkdtemp(prefix="tfpar-backup-")
+    partial = f"{callback._training_metadata_path}.tfpar-partial"
+    try:
+        if chief:
+            os.makedirs(callback.backup_dir, exist_ok=True)
+            callback._weights_path = os.path.join(callback.backup_dir,
+                                                  _WEIGHTS_FILE.format(generation))
+            callback._training_metadata_path = partial
+            callback.double_checkpoint = False  # The generation before is kept instead.
+        else:  # Saving may need every worker: the others save to a folder they delete.
+            for name, path in kept.items():
+                setattr(callback, name, path.replace(kept["backup_dir"], scratch, 1))
+        original(callback)
+    finally:
+        for name, path in kept.items():
+            setattr(callback, name, path)
+        callback.double_checkpoint = double
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if not chief:
+        return
+    metadata = _read_metadata(partial)
+    metadata.update({STEP_KEY: next_step, METRICS_KEY: [v.tolist() for v in metrics],
+                     SEEDS_KEY: seeds, GENERATION_KEY: generation})
+    atomic_io.write_text(partial, json.dumps(metadata))
+    if double and committed:  # The generation before stays, named by the .bkp metadata.
+        with open(callback._training_metadata_path, encoding="utf-8") as f:
+            atomic_io.write_text(callback._prev_training_metadata_path, f.read())
+    os.replace(partial, callback._training_metadata_path)  # The commit.
+    _remove_other_generations(callback.backup_dir,
+                              {generation, committed} if double else {generation})
+
+
+def _read_metadata(path: str) -> dict[str, Any]:
+    """A metadata file's content; empty where there is none (or it is not Keras's)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _remove_other_generations(backup_dir: str, keep: set[int]) -> None:
+    """Removes the files of generations other than ``keep``, and Keras's own weights file."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(backup_dir):
+            match = _GENERATION_FILE.match(name)
+            if name == "latest.weights.h5" or (match and int(match.group(1)) not in keep):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(backup_dir, name))
+    copies = os.path.join(backup_dir, _COPIES_DIR)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(copies):
+            if not name.isdigit() or int(name) not in keep:
+                shutil.rmtree(os.path.join(copies, name), ignore_errors=True)
 
 
 def _seed_states(model: keras.Model) -> list[keras.Variable]:
@@ -107,15 +184,8 @@ def _seed_states(model: keras.Model) -> list[keras.Variable]:
     return [v for v in model.non_trainable_variables if id(v) not in saved]
 
 
-def _state_beyond_weights(model: keras.Model) -> dict[str, Any]:
-    """What a resume needs besides ``save_weights``'s file, as JSON-ready data."""
-    copies = replica_copies.gather(model)
-    return {SEEDS_KEY: [np.asarray(keras.ops.convert_to_numpy(v)).tolist()
-                        for v in _seed_states(model)],
-            REPLICA_COPIES_KEY: replica_copies.encode(copies)}
-
-
-def _restore_state_beyond_weights(model: keras.Model, metadata: dict[str, Any]) -> None:
+def _restore_state_beyond_weights(callback: Any, metadata: dict[str, Any]) -> None:
+    model = callback.model
     seeds, saved = _seed_states(model), metadata.get(SEEDS_KEY, [])
     if len(saved) == len(seeds):  # In order, as Keras matches the weights.
         for variable, value in zip(seeds, saved):
@@ -123,22 +193,12 @@ def _restore_state_beyond_weights(model: keras.Model, metadata: dict[str, Any]) 
     elif saved:
         logging.warning("BackupAndRestore: %d random generator states were saved, the model has "
                         "%d; left as built.", len(saved), len(seeds))
-    replica_copies.scatter(model, replica_copies.decode(metadata.get(REPLICA_COPIES_KEY, {})))
-
-
-def _record_step(metadata_path: str, next_step: int, metrics: list[np.ndarray],
-                 state: dict[str, Any]) -> None:
-    """Adds the step, the metrics and the state beyond the weights to Keras's metadata file,
-    replaced as a whole."""
-    with open(metadata_path, encoding="utf-8") as f:
-        metadata = json.load(f)
-    metadata[STEP_KEY] = next_step
-    metadata[METRICS_KEY] = [v.tolist() for v in metrics]
-    metadata.update(state)
-    partial = f"{metadata_path}.tfpar-partial"
-    with open(partial, "w", encoding="utf-8") as f:
-        json.dump(metadata, f)
-    os.replace(partial, metadata_path)
+    if GENERATION_KEY in metadata:
+        folder = os.path.join(callback.backup_dir, _COPIES_DIR, str(metadata[GENERATION_KEY]))
+        replica_copies.read(model, folder)
+    else:  # Saved by tfpar 0.3.
+        replica_copies.scatter(model, replica_copies.decode_json(
+            metadata.get(REPLICA_COPIES_KEY, {})))
 
 
 def _wrap_backup_train_end(original: Callable) -> Callable:
@@ -154,13 +214,34 @@ def _wrap_backup_train_end(original: Callable) -> Callable:
 def _wrap_backup_load(original: Callable) -> Callable:
     @functools.wraps(original)
     def _load_model(self):
-        loaded = original(self)
-        try:
-            with open(self._training_metadata_path, encoding="utf-8") as f:
-                metadata = json.load(f)
-        except (OSError, ValueError):
+        metadata = _read_metadata(self._training_metadata_path)
+        if GENERATION_KEY not in metadata:  # Keras's own save, or none.
+            loaded = original(self)
+            if metadata:
+                _restore_state_beyond_weights(self, metadata)
             return loaded
-        _restore_state_beyond_weights(self.model, metadata)
+        weights_path = self._weights_path
+        try:
+            self._weights_path = os.path.join(self.backup_dir,
+                                              _WEIGHTS_FILE.format(metadata[GENERATION_KEY]))
+            if not os.path.exists(self._weights_path):
+                raise OSError(f"{self._weights_path} is missing")
+            loaded = original(self)
+        except OSError:
+            # A damaged weights file: the generation before, where double_checkpoint kept it.
+            before = _read_metadata(self._prev_training_metadata_path)
+            if GENERATION_KEY not in before:
+                raise
+            logging.warning("BackupAndRestore: %s is not readable; resuming from the save "
+                            "before it.", self._weights_path)
+            os.replace(self._prev_training_metadata_path, self._training_metadata_path)
+            metadata = before
+            self._weights_path = os.path.join(self.backup_dir,
+                                              _WEIGHTS_FILE.format(metadata[GENERATION_KEY]))
+            loaded = original(self)
+        finally:
+            self._weights_path = weights_path
+        _restore_state_beyond_weights(self, metadata)
         return loaded
 
     return _load_model
