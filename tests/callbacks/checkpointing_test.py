@@ -1,11 +1,13 @@
 """Tests of EpochCheckpoint: what it refuses to save and to read (resume: end_to_end)."""
 
 import os
+from unittest import mock
 
 import tensorflow as tf
 
 from tfpar import testing
 from tfpar.callbacks import checkpointing
+from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 from tfpar.errors import StateNotSavedError
 
@@ -22,6 +24,19 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_model(model)
         checkpoint.on_epoch_end(0, {"loss": 1.5})
         return directory, checkpoint
+
+    def test_the_chief_records_where_it_resumed_and_what_it_saved_for_the_launcher(self):
+        record = os.path.join(self.get_temp_dir(), "progress.json")
+        with mock.patch.dict(os.environ, {protocol.PROGRESS_RECORD_ENV: record}):
+            directory, checkpoint = self.saved_once()
+            self.assertEqual(protocol.ProgressRecord.read(record),
+                             protocol.ProgressRecord(None, (1, 0), directory))
+            self.assertEqual(checkpoint.restore(), 1)
+            self.assertEqual(protocol.ProgressRecord.read(record),
+                             protocol.ProgressRecord((1, 0), None, directory))
+            checkpoint.save_inside_epoch(1, 3)
+            self.assertEqual(protocol.ProgressRecord.read(record),
+                             protocol.ProgressRecord((1, 0), (1, 3), directory))
 
     def test_a_diverged_epoch_is_not_saved(self):
         directory, checkpoint = self.saved_once()

@@ -89,7 +89,7 @@ class ElasticLauncherTest(tf.test.TestCase):
             self):
         status, output, model_dir = self.launch(4, 3, max_restarts=1, FAIL="1@1,3@3")
         self.assertEqual(status, 3)
-        scratch = f"from scratch (no epoch saved in {model_dir} yet)."
+        scratch = f"resuming from what {model_dir} holds."
         self.assertEqual(launcher_lines(output), [
             "launcher: worker 1 exited with 3; stopped the other workers.",
             f"launcher: restart 1 of 1: starting every worker again, {scratch}",
@@ -117,7 +117,7 @@ class ElasticLauncherTest(tf.test.TestCase):
         self.assertEqual(launcher_lines(output)[1:], [
             "launcher: the restarts at 3 workers are used up (0 of 0): slot 0 is lost (tried "
             "again after epoch 1 or at a restart); going on with 2 workers of 3 (at least 1) at "
-            f"the same global batch, from scratch (no epoch saved in {model_dir} yet)."])
+            f"the same global batch, resuming from what {model_dir} holds."])
         # Slot 1 is the chief now.
         self.assertIn("[worker 0] slot 1 rank 0 of 2", output)
         self.assertIn("[worker 1] slot 2 rank 1 of 2", output)

@@ -21,6 +21,7 @@ from absl.testing import parameterized
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
 from tfpar.cluster import protocol
+from tfpar.cluster.restart_policy import Progress
 from tfpar.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,11 +111,11 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
         self.assertEqual(lines, [
             "launcher: worker 1 exited with 3; stopped the other workers.",
-            f"launcher: restart 1 of 2: starting every worker again, from scratch (no epoch "
-            f"saved in {model_dir} yet).",
+            f"launcher: restart 1 of 2: starting every worker again, resuming from what "
+            f"{model_dir} holds.",
             "launcher: worker 1 exited with 3; stopped the other workers.",
-            f"launcher: restart 2 of 2: starting every worker again, from scratch (no epoch "
-            f"saved in {model_dir} yet).",
+            f"launcher: restart 2 of 2: starting every worker again, resuming from what "
+            f"{model_dir} holds.",
             "launcher: worker 1 exited with 3; stopped the other workers.",
             "launcher: restarts used up (2 of 2); exiting with the failed worker's status (3)."])
 
@@ -239,36 +240,42 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(status, 2)
         self.assertNotIn("restart", out.getvalue())
 
-    def test_progress_is_read_from_this_commands_run_folder_only(self):
+    def test_progress_is_what_the_chief_records_wherever_it_saves(self):
+        # A command whose run folder the launcher could not work out from its flags (a GPU job
+        # without --num_devices saves under mirrored_2_devices): the chief records where it
+        # resumed and what it saved; a preemption after saving is restarted, not counted as a
+        # failure, and the line names the folder the chief gave.
         model_dir = self.get_temp_dir()
+        code = ("import os, sys\n"
+                "from tfpar.cluster import protocol\n"
+                "folder = os.path.join(sys.argv[1], 'mirrored_2_devices')\n"
+                "done = os.path.exists(os.path.join(sys.argv[1], 'ran'))\n"
+                "protocol.record_progress(folder, restored=(1, 0) if done else (0, 0))\n"
+                "if done: sys.exit(0)\n"
+                "open(os.path.join(sys.argv[1], 'ran'), 'w').close()\n"
+                "protocol.record_progress(folder, saved=(1, 0))\n"
+                "sys.exit(85)\n")
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", code, model_dir,
+                                  f"--model_dir={model_dir}"], 1, out=out, max_restarts=1,
+                                 network="host")
+        self.assertEqual(status, 0, out.getvalue())
+        self.assertIn("launcher: the job was preempted after saving; starting every worker "
+                      "again (not counted as a failure), resuming from epoch 1 in "
+                      f"{os.path.join(model_dir, 'mirrored_2_devices')}.", out.getvalue())
 
-        def save(run, index, positions=None):
-            os.makedirs(os.path.join(model_dir, run), exist_ok=True)
-            with open(os.path.join(model_dir, run, "checkpoint"), "w") as f:
-                f.write(index)
-            if positions is not None:
-                with open(os.path.join(model_dir, run, "positions.json"), "w") as f:
-                    f.write(positions)
+    def test_a_round_whose_chief_recorded_nothing_made_no_progress(self):
+        self.assertEqual(launcher.progress_of(None), Progress())
+        record = protocol.ProgressRecord(restored=None, saved=(2, 3), folder="/d")
+        self.assertEqual(launcher.progress_of(record), Progress((0, 0), (2, 3), "/d"))
+        self.assertTrue(launcher.progress_of(record).made)
+        self.assertFalse(launcher.progress_of(protocol.ProgressRecord((2, 3), None, "/d")).made)
 
-        command = ["tfpar-train", "--strategy=multi_worker", f"--model_dir={model_dir}"]
-        runs = launcher.run_folders(command)
-        self.assertEqual(runs, ["", "multi_worker_1_devices"])
-        self.assertEqual(protocol.last_saved_position(model_dir, runs), (0, 0))
-        # Checkpoints are numbered by step and mapped to positions by tfpar's positions file.
-        save("multi_worker_1_devices", 'model_checkpoint_path: "/x/ckpt-30"\n',
-             '{"ckpt-15": [1, 0], "ckpt-30": [1, 7]}')
-        # Another command's run further on, a worker's scratch folder and an older state
-        # without positions (its ckpt-50 says nothing about epochs) are never read.
-        save("mirrored_1_devices", 'model_checkpoint_path: "ckpt-60"\n',
-             '{"ckpt-60": [4, 0]}')
-        save(".worker_worker_1", 'model_checkpoint_path: "ckpt-50"\n')
-        save("", 'model_checkpoint_path: "ckpt-50"\n')
-        self.assertEqual(protocol.last_saved_position(model_dir, runs), (1, 7))
-        self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
-                                               "--num_devices=1,2"]),
-                         ["", "allreduce_1_devices", "allreduce_2_devices"])
-        self.assertEqual(launcher.run_folders(["t.py", "--devices=CPU:0,CPU:1"]),
-                         ["", "mirrored_2_devices"])
+    def test_run_folders_is_deprecated(self):
+        with self.assertWarnsRegex(DeprecationWarning, "ProgressRecord"):
+            self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
+                                                   "--num_devices=1,2"]),
+                             ["", "allreduce_1_devices", "allreduce_2_devices"])
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir=e"]), "e")
         self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))

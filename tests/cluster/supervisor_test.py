@@ -97,12 +97,11 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
         self.assertEqual(status, 85, out.getvalue())
         self.assertLen(rounds, 1)  # No second round started.
         self.assertEqual(launcher_lines(out.getvalue()), [
-            "launcher: restart 1 of 3: starting every worker again, from scratch (no epoch "
-            f"saved in {model_dir} yet).",
+            "launcher: restart 1 of 3: starting every worker again, resuming from what "
+            f"{model_dir} holds.",
             "launcher: preemption notice while no worker was running; the saved state is where "
             "a rerun resumes.",
-            "launcher: preempted; the workers exited with 85, the state saved at epoch 0 in "
-            f"{model_dir}."])
+            "launcher: preempted; the workers exited with 85."])
 
     def test_a_notice_while_the_launcher_looks_for_gpus_exits_85_before_any_worker(self):
         def slow_nvidia_smi(environ):

@@ -165,6 +165,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         """
         latest = self.latest
         if latest is None:
+            if self._chief:
+                protocol.record_progress(self.directory, restored=(0, 0))
             return 0
         self._check_made_with()
         reader = tf.train.load_checkpoint(latest)
@@ -191,6 +193,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
+        if self._chief:
+            protocol.record_progress(self.directory, restored=self.position)
         return epochs
 
     def _replica_copies_path(self, name: str) -> str:
@@ -339,6 +343,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 "make it writable) and run again to resume.") from None
         preemption.saved(self.describe(epochs, steps), (epochs, steps))
         if self._chief:
+            protocol.record_progress(self.directory, saved=(epochs, steps))
             if steps:
                 logging.info("Saved training state at epoch %d step %d to %s", epochs + 1, steps,
                              path)

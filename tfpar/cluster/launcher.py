@@ -42,8 +42,11 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TextIO
@@ -98,10 +101,15 @@ def model_dir_of(command: Sequence[str]) -> str | None:
 
 
 def run_folders(command: Sequence[str]) -> list[str]:
-    """The folders under ``--model_dir`` where this command keeps its state: the folder itself
-    (a script's own ``EpochCheckpoint``) and the run folder of each device set of a tfpar
-    training command (its ``--strategy`` and ``--num_devices``, or ``--devices``), never
-    another command's runs nor the workers' scratch folders."""
+    """The folders under ``--model_dir`` where a tfpar training command keeps its state, as
+    worked out from its flags with ``tfpar-train``'s defaults.
+
+    Deprecated: the launcher reads the progress the command's chief records
+    (:class:`tfpar.cluster.protocol.ProgressRecord`) instead; removed in 0.5.0.
+    """
+    warnings.warn("tfpar.cluster.launcher.run_folders is deprecated: a worker records its "
+                  "progress (tfpar.cluster.protocol.ProgressRecord), which the launcher reads.",
+                  DeprecationWarning, stacklevel=2)
     strategy = flag_of(command, "strategy") or "mirrored"
     names = flag_of(command, "devices")
     counts = ([len([n for n in names.split(",") if n.strip()])] if names
@@ -178,6 +186,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     # Signals are the launcher's from its first instant: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
+    records = ""
     try:
         model_dir = model_dir_of(command)
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
@@ -195,22 +204,26 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         if idle:
             out.write(f"{idle}\n")
         grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
-        runs = run_folders(command)
-
-        def position() -> tuple[int, int] | None:
-            return protocol.last_saved_position(model_dir, runs) if model_dir is not None else None
-
+        # Where each round's chief records where it resumed and what it saved since.
+        records = tempfile.mkdtemp(prefix="tfpar-progress-")
+        progress = os.path.join(records, "progress.json")
         state = JobState(slots, max_restarts, 0, model_dir)
+        known = Progress()  # The last progress a chief recorded.
         while True:
-            before = position()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(progress)
             group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
-                                grace, given, _growth_due(state.slots, position, before))
+                                grace, given, _growth_due(state.slots, progress), progress)
             try:
                 check_signals()  # A signal before or between rounds: no worker is running.
                 result = group.run()
             except SignalTaken as stop:
                 result = _between_rounds(stop.signum, group)
-            decision = decide(result, Progress(before, position()), state)
+            now = progress_of(protocol.ProgressRecord.read(progress))
+            if now.after is None:  # Nothing recorded this round: where the last round ended.
+                now = Progress(known.after, known.after, known.folder)
+            known = now
+            decision = decide(result, now, state)
             if decision.line:
                 out.write(f"{decision.line}\n")
                 out.flush()
@@ -218,6 +231,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                 return decision.status
             state = decision.state
     finally:
+        if records:
+            shutil.rmtree(records, ignore_errors=True)
         if subscribed:
             signal_router.unsubscribe()
 
@@ -232,18 +247,28 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
     return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED)
 
 
-def _growth_due(slots: elastic.WorkerSlots, position: Callable[[], tuple[int, int] | None],
-                start: tuple[int, int] | None) -> Callable[[], str | None] | None:
+def progress_of(record: protocol.ProgressRecord | None) -> Progress:
+    """A round's progress as its chief recorded it (none recorded: unknown)."""
+    if record is None:
+        return Progress()
+    return Progress(record.restored or (0, 0), record.latest, record.folder or None)
+
+
+def _growth_due(slots: elastic.WorkerSlots, progress: str
+                ) -> Callable[[], str | None] | None:
     """While slots are lost: a check of whether the job has reached the epoch boundary at which
-    they are tried again (an epoch saved during this round, at or past the slots' next try),
-    which returns that boundary in words; else ``None``."""
-    if not slots.lost or start is None:
+    they are tried again (an epoch saved during this round, at or past the slots' next try, as
+    the chief's progress record at ``progress`` says), which returns that boundary in words;
+    else ``None``."""
+    if not slots.lost:
         return None
 
     def due() -> str | None:
-        now = position()
-        epochs = now[0] if now is not None else 0
-        if epochs > start[0] and epochs >= slots.next_try_epochs:
+        now = progress_of(protocol.ProgressRecord.read(progress))
+        if now.before is None or now.after is None:
+            return None
+        epochs = now.after[0]
+        if epochs > now.before[0] and epochs >= slots.next_try_epochs:
             return f"epoch {epochs} is saved"
         return None
 

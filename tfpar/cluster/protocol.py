@@ -11,6 +11,11 @@
   in one line, which workers it found unresponsive, the position it saved), at the path the
   launcher gives it in :data:`STOP_RECORD_ENV`. The launcher reads it after the process exited,
   so what it learns never races the worker's output, and never depends on English lines.
+- **The progress record**: where the job's chief resumed and the last position it saved since,
+  and in which folder (:class:`ProgressRecord`, from :mod:`tfpar.progress_record`, which the
+  savers below this package write), at the path the launcher gives in
+  :data:`PROGRESS_RECORD_ENV`. The launcher learns the job's progress from it alone, whatever
+  folder, strategy or device count the command chose.
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ from collections.abc import Sequence
 from tfpar import atomic_io
 from tfpar.errors import SIGNALLED
 from tfpar.errors import ExitStatus
+from tfpar.progress_record import PROGRESS_RECORD_ENV
+from tfpar.progress_record import ProgressRecord
+from tfpar.progress_record import record_progress
 
-__all__ = ["ExitStatus", "SIGNALLED"]
+__all__ = ["ExitStatus", "PROGRESS_RECORD_ENV", "ProgressRecord", "SIGNALLED",
+           "record_progress"]
 
 # -- Environment -------------------------------------------------------------------------------
 
@@ -143,3 +152,4 @@ def record_stop(status: int, reason: str = "", unresponsive: Sequence[int] = (),
         return
     with contextlib.suppress(OSError, ValueError):
         StopRecord(int(status), reason, tuple(unresponsive), position, work_lost).write(path)
+

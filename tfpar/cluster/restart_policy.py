@@ -65,12 +65,14 @@ class RoundResult:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """The training position (``(epochs finished, steps of the next epoch)``) saved before and
-    after a round; ``None`` for both when the command resumes by itself (the launcher cannot
-    see its state)."""
+    """The training position (``(epochs finished, steps of the next epoch)``) the round resumed
+    from and the last it saved, as its chief recorded them; ``None`` for both where it
+    recorded none (a command that resumes by itself with savers other than tfpar's)."""
 
     before: tuple[int, int] | None = None
     after: tuple[int, int] | None = None
+    folder: str | None = None
+    """Where that state is (``None``: the command's ``--model_dir``)."""
 
     @property
     def made(self) -> bool:
@@ -151,6 +153,7 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     """
     slots = copy.deepcopy(state.slots)
     failures, max_restarts = state.failures, state.max_restarts
+    folder = progress.folder or state.model_dir
 
     def exit_with(status: int, line: str | None = None) -> Decision:
         return Decision(Action.EXIT, status, line, dataclasses.replace(
@@ -159,8 +162,8 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
     if result.outcome is Outcome.NOTICE:
-        where = (f"{position_words(progress.after)} in {state.model_dir}"
-                 if progress.after is not None and state.model_dir is not None else "")
+        where = (f"{position_words(progress.after)} in {folder}"
+                 if progress.after is not None and folder is not None else "")
         if result.work_lost:
             resumes = (f"a rerun resumes at {where}, and the training since is lost" if where
                        else "the training since the last complete state is lost")
@@ -210,12 +213,12 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                 which = (f"restart {failures} of {max_restarts}: starting every worker again"
                          + _rejoining(slots))
     if progress.after is None:
-        line = f"launcher: {which}; the command resumes by itself."
+        line = (f"launcher: {which}; the command resumes by itself." if folder is None else
+                f"launcher: {which}, resuming from what {folder} holds.")
     elif progress.after != (0, 0):
-        line = (f"launcher: {which}, resuming from {position_words(progress.after)} in "
-                f"{state.model_dir}.")
+        line = f"launcher: {which}, resuming from {position_words(progress.after)} in {folder}."
     else:
-        line = f"launcher: {which}, from scratch (no epoch saved in {state.model_dir} yet)."
+        line = f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
     return Decision(Action.START, 0, line, dataclasses.replace(state, slots=slots,
                                                                 failures=failures))
 

@@ -129,13 +129,17 @@ class WorkerGroup:
         gpus: Each slot's ``CUDA_VISIBLE_DEVICES`` (none given where absent).
         growth_due: Checked every :data:`GROWTH_CHECK_SECONDS` while slots are lost: why the
             job should grow now (``None``: not yet).
+        progress_record: Where the chief records its progress
+            (:data:`~tfpar.cluster.protocol.PROGRESS_RECORD_ENV`; ``None``: nowhere).
     """
 
     def __init__(self, command: Sequence[str], slots: Sequence[int], host: str, out: TextIO,
                  all_output: bool, network: str, grace: float,
                  gpus: Mapping[int, str] | None = None,
-                 growth_due: Callable[[], str | None] | None = None):
+                 growth_due: Callable[[], str | None] | None = None,
+                 progress_record: str | None = None):
         self.command, self.slots, self.host, self.out = list(command), list(slots), host, out
+        self.progress_record = progress_record
         self.all_output, self.network, self.grace = all_output, network, grace
         self.gpus, self.growth_due = dict(gpus or {}), growth_due
         self._lock = threading.Lock()
@@ -209,6 +213,8 @@ class WorkerGroup:
                 protocol.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
             if slot in self.gpus:
                 variables[protocol.VISIBLE_GPUS_ENV] = self.gpus[slot]
+            if self.progress_record:
+                variables[protocol.PROGRESS_RECORD_ENV] = self.progress_record
             env = worker_environment.worker_environment(variables)
             try:
                 # Started before any output thread, so the fork runs preexec_fn single-threaded.

@@ -53,6 +53,7 @@ import numpy as np
 from absl import logging
 
 from tfpar import atomic_io
+from tfpar import progress_record
 from tfpar import replica_copies
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
@@ -148,8 +149,14 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
         with open(callback._training_metadata_path, encoding="utf-8") as f:
             atomic_io.write_text(callback._prev_training_metadata_path, f.read())
     os.replace(partial, callback._training_metadata_path)  # The commit.
+    progress_record.record_progress(callback.backup_dir, saved=_position(metadata))
     _remove_other_generations(callback.backup_dir,
                               {generation, committed} if double else {generation})
+
+
+def _position(metadata: dict[str, Any]) -> tuple[int, int]:
+    """A save's position: ``(epochs finished, steps of the next epoch)``."""
+    return int(metadata.get("epoch", 0)), int(metadata.get(STEP_KEY, 0))
 
 
 def _read_metadata(path: str) -> dict[str, Any]:
@@ -219,6 +226,8 @@ def _wrap_backup_load(original: Callable) -> Callable:
             loaded = original(self)
             if metadata:
                 _restore_state_beyond_weights(self, metadata)
+            if _writes_checkpoints(self):
+                progress_record.record_progress(self.backup_dir, restored=_position(metadata))
             return loaded
         weights_path = self._weights_path
         try:
@@ -242,6 +251,8 @@ def _wrap_backup_load(original: Callable) -> Callable:
         finally:
             self._weights_path = weights_path
         _restore_state_beyond_weights(self, metadata)
+        if _writes_checkpoints(self):
+            progress_record.record_progress(self.backup_dir, restored=_position(metadata))
         return loaded
 
     return _load_model
