@@ -158,9 +158,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             ``num_workers``, not elastic). When a worker fails once more than ``max_restarts``
             allows, it is lost and the others go on from the last saved state, while at least
             ``min_workers`` remain; lost workers are tried again at the next restart, or at an
-            epoch boundary (after 1 epoch, then 2, 4, ... while they keep failing); with a
-            ``--model_dir`` the launcher sees the epochs, without one only restarts grow the
-            job. The worker for whom a peer said it stopped answering is the one blamed.
+            epoch boundary (after 1 epoch, then 2, 4, ... while they keep failing): the
+            launcher sees the epochs in the progress record the chief writes as it saves
+            (:class:`~tfpar.cluster.protocol.ProgressRecord`; tfpar's ``EpochCheckpoint`` and
+            Keras's ``BackupAndRestore`` write it), without one only restarts grow the job. The worker for whom a peer said it stopped answering is the one blamed.
         gpus: The host's GPUs as CUDA names them (``None``: ``CUDA_VISIBLE_DEVICES``, else
             what ``nvidia-smi`` lists, else none). Each worker gets its own share through
             ``CUDA_VISIBLE_DEVICES``.
