@@ -69,6 +69,11 @@ class StepOptions:
             one after the other, with one all-reduce: exactly one step on a batch this many
             times larger, with as many times fewer all-reduces (and the activations of one
             micro-batch at a time in memory).
+        virtual_replicas: World-size invariance (0: off): every global batch is cut by
+            position into this many shards, each trained as a replica of its own (its own
+            forward and backward, BatchNorm batch statistics and Dropout stream), and combined
+            in one fixed order, so that any number of replicas dividing it ends with the same
+            weights, bit for bit (:mod:`tfpar.allreduce.virtual_replicas`).
     """
 
     algorithm: str = field("collective", choices=ALGORITHMS, flag="allreduce")
@@ -76,6 +81,7 @@ class StepOptions:
     split_weights: tuple[float, ...] | None = None
     gradient_compression: str = field("none", choices=COMPRESSIONS)
     accumulation_steps: int = 1
+    virtual_replicas: int = 0
 
     def __post_init__(self):
         check_algorithm(self.algorithm)
@@ -88,6 +94,21 @@ class StepOptions:
             raise ConfigError("{argument} must be an integer >= 1. Received: "
                               f"{{argument}}={self.accumulation_steps!r}.",
                               argument="accumulation_steps")
+        if (isinstance(self.virtual_replicas, bool)
+                or not isinstance(self.virtual_replicas, int) or self.virtual_replicas < 0):
+            raise ConfigError("{argument} must be an integer >= 0 (0: off). Received: "
+                              f"{{argument}}={self.virtual_replicas!r}.",
+                              argument="virtual_replicas")
+        if self.virtual_replicas:
+            others = [name for name, on in (
+                ("split_weights", self.split_weights is not None),
+                ("accumulation_steps", self.accumulation_steps != 1),
+                ("gradient_compression", self.gradient_compression != "none")) if on]
+            if others:
+                raise ConfigError(f"{{argument}} fixes how each batch is cut and summed; it "
+                                  f"cannot be combined with {', '.join(others)}. Received: "
+                                  f"{{argument}}={self.virtual_replicas}.",
+                                  argument="virtual_replicas")
         # The flag is shared with 'multi_worker', where TensorFlow reads 0 otherwise.
         check_bytes_per_pack(self.bytes_per_pack, "one reduction per variable; under "
                              "'multi_worker', one after the whole backward pass")
@@ -108,6 +129,12 @@ class StepOptions:
         if self.algorithm != "collective" and num_local_replicas != num_replicas:
             raise ConfigError(f"All-reduce algorithm {self.algorithm!r} works within one "
                               "process; across workers use 'collective'.")
+        if self.virtual_replicas and self.virtual_replicas % num_replicas:
+            divisors = [n for n in range(1, self.virtual_replicas + 1)
+                        if self.virtual_replicas % n == 0]
+            raise ConfigError(f"{{argument}}={self.virtual_replicas} needs a number of replicas "
+                              f"that divides it ({', '.join(map(str, divisors))}); this job has "
+                              f"{num_replicas}.", argument="virtual_replicas")
         if self.split_weights is None:
             return
         weights = list(self.split_weights)  # Positive: checked when the options were built.

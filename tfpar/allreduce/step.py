@@ -53,6 +53,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfpar.allreduce import algorithms
+from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
 from tfpar.compat import keras_internals
 from tfpar.compat import optimizer_apply
@@ -199,6 +200,8 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
         tree.map_structure(_unknown_if_empty, data))
     step = _ReplicaStep(model, options)
+    if options.virtual_replicas:
+        return _virtual_replicas_step(model, options, step, (x, y, sample_weight))
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
     # fp16 has too little range for a sum of losses' gradients: they are divided by the global
@@ -215,6 +218,29 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
     finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
               if step.loss_scale is not None else tf.constant(True))
     _apply(model.optimizer, [step.variables[i] for i in step.present], reduced_grads, finite)
+    return step.logs(reduced_states)
+
+
+def _virtual_replicas_step(model: keras.Model, options: StepOptions, step: _ReplicaStep,
+                           data: tuple) -> dict[str, Any]:
+    """The step of ``virtual_replicas`` (:mod:`.virtual_replicas`): the shards' sums in the
+    fixed order, then the update every replica applies alike."""
+    if _synchronizes(model):
+        raise ConfigError("virtual_replicas keeps each shard's BatchNorm statistics its own; "
+                          "synchronized BatchNorm normalises over the whole batch instead. "
+                          "Build the model with synchronized=False, or train without "
+                          "virtual_replicas.")
+    if step.loss_scale is not None:
+        raise ConfigError("virtual_replicas cannot train with a LossScaleOptimizer (its scale "
+                          "depends on the number of replicas); train in float32 or bfloat16.")
+    sums, total, _ = virtual_replicas.train_step(
+        model, options, data, step._forward_backward, step.present, step._empty_shard)
+    grads = step._scaled(sums, total)
+    step._metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
+    flat_states = [value for states in step._metric_states for value in states]
+    reduced_states = (algorithms.all_reduce_sum(flat_states, "collective", options.bytes_per_pack)
+                      if flat_states else [])
+    _apply(model.optimizer, [step.variables[i] for i in step.present], grads, tf.constant(True))
     return step.logs(reduced_states)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 from keras import tree
 
+from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
@@ -49,7 +50,11 @@ class _AllReduceStep(TfparStrategy):
         return None
 
     def experimental_distribute_dataset(self, dataset, options=None):
-        """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set."""
+        """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set, and
+        by shard position under ``virtual_replicas``."""
+        if self.step_options.virtual_replicas:
+            return virtual_replicas.distribute_by_position(
+                self, dataset, self.step_options.virtual_replicas, options)
         weights = self.step_options.split_weights
         if weights is None:
             return super().experimental_distribute_dataset(dataset, options)

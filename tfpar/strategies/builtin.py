@@ -124,7 +124,7 @@ def _multi_worker(devices: devices_lib.DeviceSet, **options: Any) -> tf.distribu
 
 @register("multi_worker_allreduce", multi_process=True)
 @_takes(_WORKERS, (StepOptions, ("bytes_per_pack", "gradient_compression",
-                                 "accumulation_steps")))
+                                 "accumulation_steps", "virtual_replicas")))
 def _multi_worker_allreduce(devices: devices_lib.DeviceSet, **options: Any
                             ) -> tf.distribute.Strategy:
     """multi_worker with the hand-written exact step in model.fit (collective all-reduce across workers)."""  # noqa: E501 (one line: --list_strategies shows it)

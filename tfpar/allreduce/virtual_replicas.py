@@ -1,0 +1,237 @@
+"""World-size invariance: the same weights, bit for bit, on any number of replicas.
+
+With ``StepOptions(virtual_replicas=V)`` every global batch is cut by position into ``V``
+shards (:func:`shard_sizes`: the first ``B mod V`` shards one example longer), whatever the
+number ``N`` of replicas (devices and workers) that trains it. Each shard is a replica as far
+as the math goes:
+
+- its own forward and backward pass (the gradient of the *sum* of its examples' losses), with
+  its own BatchNorm batch statistics;
+- its own Dropout stream: each random generator starts the shard from the step's state with
+  the seed offset by the shard's index (never the device's), and every replica ends the step
+  with the state one shard's draws leave;
+- its own update of the variables a layer assigns in its call (BatchNorm's moving averages):
+  each shard starts from the step's values, and the variables end at the step's values plus
+  the mean of the shards' changes (the same on every replica, so copies never drift apart).
+
+A replica holds ``V / N`` consecutive shards and runs them one after the other. The shards'
+gradients, changes and example counts are added in one fixed order, a binary tree over the
+``V`` shards (:func:`tree_nodes`): each replica adds the largest subtrees that lie inside its
+shards, the replicas all-gather those partial sums (a gather copies, it does not add), and
+every replica adds the rest of the tree the same way. So one device holding all four shards of
+``V=4`` and four devices holding one each add ``(s0 + s1) + (s2 + s3)`` alike; a ring
+all-reduce keeps no such order for more than two members.
+
+What the kernels compute can depend on their threads (oneDNN's convolutions split their
+reductions by thread count: a gradient differs in its last bits between one intra-op thread and
+two), so in this mode each device runs its kernels on one intra-op thread (tfpar's programs set
+it; :func:`tfpar.devices.ensure_logical_cpus` with ``threads_per_device=1`` does, and GPUs run
+with TensorFlow's op determinism). What is not invariant: the logged loss and metrics (running
+sums per replica, added in another order: float32 rounding), a model's own ``train_step``, and
+synchronized BatchNorm (it normalises over the global batch, not a shard: refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from tfpar.allreduce.options import StepOptions
+from tfpar.errors import ConfigError
+
+Node = tuple[int, int]
+"""A subtree of the fixed tree: the shards ``[first, end)`` it adds."""
+
+# Shard v's random generators run with their seed offset by (v + 1) times this (a prime).
+_SEED_STRIDE = 1_000_003
+
+
+def tree_nodes(first: int, end: int, virtual: int) -> list[Node]:
+    """The largest subtrees of the halving tree over ``virtual`` shards that lie inside the
+    shards ``[first, end)``, left to right: what a replica holding those shards adds itself.
+
+    Args:
+        first: The replica's first shard.
+        end: One past its last.
+        virtual: The number of shards.
+
+    Returns:
+        The subtrees, each as ``(first shard, end)``.
+    """
+
+    def inside(lo: int, hi: int) -> list[Node]:
+        if end <= lo or hi <= first:
+            return []
+        if first <= lo and hi <= end:
+            return [(lo, hi)]
+        mid = (lo + hi) // 2
+        return inside(lo, mid) + inside(mid, hi)
+
+    return inside(0, virtual)
+
+
+def tree_sum(known: dict[Node, Any], lo: int, hi: int) -> Any:
+    """The sum of shards ``[lo, hi)`` in the tree's order, from the subtree sums ``known``."""
+    if (lo, hi) in known:
+        return known[(lo, hi)]
+    mid = (lo + hi) // 2
+    return _add(tree_sum(known, lo, mid), tree_sum(known, mid, hi))
+
+
+def _add(a: Any, b: Any) -> Any:
+    """``a + b``, kept as one addition by TensorFlow's graph optimizer: its arithmetic stage
+    rewrites a tree of ``Add`` ops into one ``AddN``, which adds in another order (so one
+    device, whose graph holds the whole tree, and four, whose graphs hold one addition each,
+    added differently). A sum over an axis of two is one addition it leaves alone."""
+    if not tf.is_tensor(a) and not tf.is_tensor(b):
+        return a + b
+    return tf.reduce_sum(tf.stack([a, b]), axis=0)
+
+
+def shard_sizes(batch_size: tf.Tensor, virtual: int) -> tf.Tensor:
+    """The examples of each of the ``virtual`` shards of a batch: ``B // V`` each, the first
+    ``B mod V`` one more (so a replica's shards are split the same way from its own size)."""
+    size = tf.cast(batch_size, tf.int32)
+    return size // virtual + tf.cast(tf.range(virtual) < size % virtual, tf.int32)
+
+
+def replica_slices(batch_size: tf.Tensor, virtual: int, replicas: int) -> tf.Tensor:
+    """Each replica's ``[start, end)`` in a batch: its ``virtual / replicas`` consecutive
+    shards. Shape ``[replicas, 2]``."""
+    ends = tf.cumsum(shard_sizes(batch_size, virtual))
+    bounds = tf.concat([[0], ends[virtual // replicas - 1::virtual // replicas]], 0)
+    return tf.stack([bounds[:-1], bounds[1:]], axis=1)
+
+
+def distribute_by_position(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
+                           virtual: int, options: Any = None) -> Any:
+    """``dataset`` (of global batches) dealt out so that replica ``r`` of every worker gets its
+    shards of each batch, as :func:`replica_slices` cuts it: the same examples for a shard on
+    any number of replicas and workers."""
+    replicas = strategy.num_replicas_in_sync
+
+    def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # The replicas of this worker's pipeline, in the order the strategy deals elements.
+        local = replicas // context.num_input_pipelines
+        first = context.input_pipeline_id * local
+
+        def pieces(*batch):
+            element = batch[0] if len(batch) == 1 else batch
+            size = tf.shape(next(t for t in tree.flatten(element) if t is not None))[0]
+            bounds = replica_slices(size, virtual, replicas)
+            return tf.data.Dataset.range(first, first + local).map(
+                lambda r: tree.map_structure(
+                    lambda t: t[bounds[r][0]:bounds[r][1]], element))
+
+        return dataset.flat_map(pieces)
+
+    return strategy.distribute_datasets_from_function(pipeline, options)
+
+
+def _seed_states(model: keras.Model) -> list[Any]:
+    """The model's random generators' states (``[seed, counter]`` each)."""
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+
+def train_step(model: keras.Model, options: StepOptions, data: Any,
+               forward_backward: Callable[..., list], present: list[int],
+               empty_shard: Callable[[], list]) -> tuple[list, tf.Tensor, list]:
+    """This replica's shards, combined in the fixed order with every other replica's.
+
+    Args:
+        model: The model.
+        options: The step's options (``virtual_replicas`` set).
+        data: This replica's ``(x, y, sample_weight)``: its consecutive shards.
+        forward_backward: Runs one shard ``(x, y, sample_weight, count)`` and returns the
+            gradient of the sum of its losses (of the variables in ``present``).
+        present: The indices of the trainable variables with a gradient (filled when the
+            first shard is traced).
+        empty_shard: The zero gradients of a shard without examples.
+
+    Returns:
+        The global gradients' sums, the global example count and, for each assigned
+        variable, the value it ends the step with (already assigned).
+    """
+    context = tf.distribute.get_replica_context()
+    replicas, virtual = context.num_replicas_in_sync, options.virtual_replicas
+    per_replica = virtual // replicas
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None:
+        raise ConfigError("virtual_replicas needs a strategy whose replica ids are known when "
+                          "the step is traced (tfpar's all-reduce strategies).")
+    replica = int(replica)
+    x, y, sample_weight = data
+    first_input = next(t for t in tree.flatten(x) if t is not None)
+    sizes = shard_sizes(tf.shape(first_input)[0], per_replica)
+    starts = tf.cumsum(sizes, exclusive=True)
+
+    seeds = _seed_states(model)
+    seed_ids = {id(v) for v in seeds}
+    assigned = [v for v in model.non_trainable_variables if id(v) not in seed_ids]
+    at_start = [tf.identity(v.value) for v in assigned]
+    seeds_at_start = [tf.identity(v.value) for v in seeds]
+    leaves: dict[Node, tf.Tensor] = {}
+    seeds_after: list[tf.Tensor] = []
+    dependencies: list[tf.Tensor] = []
+    for j in range(per_replica):
+        shard = replica * per_replica + j
+        with tf.control_dependencies(dependencies):
+            for variable, value in zip(assigned, at_start):
+                variable.assign(value)
+            for variable, value in zip(seeds, seeds_at_start):
+                offset = tf.constant([(shard + 1) * _SEED_STRIDE, 0], value.dtype)
+                variable.assign(value + offset)
+            part = tree.map_structure(
+                lambda t, j=j: None if t is None else t[starts[j]:starts[j] + sizes[j]],
+                (x, y, sample_weight))
+            count = tf.cast(sizes[j], tf.float32)
+
+            def run(part=part, count=count):
+                return forward_backward(*part, count)
+
+            grads = tf.cond(count > 0, run, empty_shard)
+            changes = [tf.reshape(tf.cast(v.value, tf.float32) - tf.cast(s, tf.float32), [-1])
+                       for v, s in zip(assigned, at_start)]
+            if j == 0:
+                seeds_after = [tf.identity(v.value) for v in seeds]
+        leaves[(shard, shard + 1)] = tf.concat(
+            [tf.reshape(g, [-1]) for g in grads] + changes + [tf.reshape(count, [1])], 0)
+        dependencies = [leaves[(shard, shard + 1)]]
+
+    def nodes_of(r: int) -> list[Node]:
+        return tree_nodes(r * per_replica, (r + 1) * per_replica, virtual)
+
+    width = max(len(nodes_of(r)) for r in range(replicas))
+    own = [tree_sum(leaves, *node) for node in nodes_of(replica)]
+    own += [tf.zeros_like(own[0])] * (width - len(own))
+    gathered = context.all_gather(tf.stack(own), axis=0)  # [replicas * width, size]
+    known = {node: gathered[r * width + k]
+             for r in range(replicas) for k, node in enumerate(nodes_of(r))}
+    total = tree_sum(known, 0, virtual)
+
+    grad_sums, offset = [], 0
+    for g in grads:
+        n = int(np.prod(g.shape))
+        grad_sums.append(tf.reshape(total[offset:offset + n], g.shape))
+        offset += n
+    ends = []
+    for variable, value in zip(assigned, at_start):
+        n = int(np.prod(value.shape))
+        mean_change = tf.reshape(total[offset:offset + n], value.shape) / virtual
+        offset += n
+        if value.dtype.is_floating:
+            end = value + tf.cast(mean_change, value.dtype)
+        else:
+            end = value + tf.cast(tf.round(mean_change), value.dtype)
+        ends.append(end)
+        variable.assign(end)
+    for variable, value in zip(seeds, seeds_after):
+        variable.assign(value - tf.constant([(replica * per_replica + 1) * _SEED_STRIDE, 0],
+                                            value.dtype))
+    return grad_sums, total[-1], ends
+
