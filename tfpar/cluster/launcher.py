@@ -161,7 +161,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             epoch boundary (after 1 epoch, then 2, 4, ... while they keep failing): the
             launcher sees the epochs in the progress record the chief writes as it saves
             (:class:`~tfpar.cluster.protocol.ProgressRecord`; tfpar's ``EpochCheckpoint`` and
-            Keras's ``BackupAndRestore`` write it), without one only restarts grow the job. The worker for whom a peer said it stopped answering is the one blamed.
+            Keras's ``BackupAndRestore`` write it), without one only restarts grow the job.
+            The worker for whom a peer said it stopped answering is the one blamed.
         gpus: The host's GPUs as CUDA names them (``None``: ``CUDA_VISIBLE_DEVICES``, else
             what ``nvidia-smi`` lists, else none). Each worker gets its own share through
             ``CUDA_VISIBLE_DEVICES``.
