@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -195,6 +196,72 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(expected, actual, rtol=rtol, atol=atol,
                                 msg=f"{variable.path} differs from single-device training")
         self.assertReplicasInSync(model, rtol=rtol, atol=atol)
+
+
+    def assertSameOnAnyWorldSize(self, model_fn: Callable[[], keras.Model],
+                                 dataset: tf.data.Dataset, *, virtual_replicas: int = 4,
+                                 num_devices: Sequence[int] = (1, 2, 4),
+                                 entry: str = "allreduce", seed: int = 0,
+                                 train: reference_runs.TrainFn | None = None) -> None:
+        """Asserts training with ``virtual_replicas`` ends bit for bit the same on each number
+        of devices: every variable of the model and its optimizer, on every replica.
+
+        The exact assertion of world-size invariance (no tolerance): ``model_fn`` is called
+        once per device count, under ``entry`` with ``virtual_replicas``, each model starting
+        from the first's initial weights and random generators (``seed``), trained one pass
+        over ``dataset``.
+
+        Args:
+            model_fn: Returns a new compiled model (new optimizer too).
+            dataset: Global batches; a few steps suffice.
+            virtual_replicas: The shards of each batch.
+            num_devices: The device counts compared (each must divide ``virtual_replicas``);
+                the first is the reference.
+            entry: The registry entry (an all-reduce entry).
+            seed: Seeds Keras's random generators before each model is built.
+            train: The training function (``model.fit`` by default), as in
+                :meth:`assertMatchesSingleDevice`.
+        """
+        train = train or reference_runs.fit_steps
+        reference: dict[int, tuple[str, list[np.ndarray]]] | None = None
+        initial = None
+        for count in num_devices:
+            strategy = strategies.get(entry, devices=count, virtual_replicas=virtual_replicas)
+            keras.utils.set_random_seed(seed)
+            with strategy.scope():
+                model = model_fn()
+            if initial is None:
+                initial = model.get_weights()
+            model.set_weights(initial)
+            train(model, dataset, strategy)
+            values = _every_copy(model)
+            if reference is None:
+                reference, first = values, count
+                continue
+            self.assertEqual(len(values), len(reference))
+            differ = []
+            for place, (path, copies) in values.items():
+                for replica, copy in enumerate(copies):
+                    expected = reference[place][1][0]
+                    if not np.array_equal(np.atleast_1d(copy).view(np.uint8),
+                                          np.atleast_1d(expected).view(np.uint8)):
+                        worst = float(np.max(np.abs(np.asarray(copy, np.float64) - expected),
+                                             initial=0.0))
+                        differ.append(f"{path} (replica {replica}: {worst:.3g} apart)")
+            self.assertEqual(differ, [], f"variables on {count} devices that differ from "
+                                         f"{first} device(s) with virtual_replicas="
+                                         f"{virtual_replicas}")
+
+
+def _every_copy(model: keras.Model) -> dict[int, tuple[str, list[np.ndarray]]]:
+    """Every variable of ``model`` and its optimizer, each replica's copy, by place (two
+    builds of a model number their layers apart), with its path."""
+    values = {}
+    for place, variable in enumerate([*model.variables, *model.optimizer.variables]):
+        tensor = getattr(variable, "value", variable)
+        copies = getattr(tensor, "values", (tensor,))
+        values[place] = (variable.path, [np.asarray(copy.numpy()) for copy in copies])
+    return values
 
 
 TOLERANCES = {"float32": (1e-5, 1e-6), "mixed_float16": (1e-2, 1e-3),

@@ -1,0 +1,144 @@
+"""Tests of world-size invariance (``virtual_replicas``): the fixed tree, the cut by position,
+bit-for-bit equality on 1, 2 and 4 devices, and what the mode refuses."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfpar
+from tfpar import testing
+from tfpar.allreduce import virtual_replicas
+from tfpar.errors import ConfigError
+from tfpar.models import resnet as resnet_lib
+
+IMAGE = (18, 18, 1)
+
+
+def small_resnet() -> keras.Model:
+    """BatchNorm after every convolution, and Dropout before the classifier."""
+    inputs = keras.Input(IMAGE)
+    features = resnet_lib.resnet((4, 8), (1, 1), num_classes=8, input_shape=IMAGE)(inputs)
+    outputs = keras.layers.Dense(3)(keras.layers.Dropout(0.25, seed=3)(features))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def lenet() -> keras.Model:
+    model = tfpar.models.lenet(num_classes=3, input_shape=IMAGE)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def users_functional() -> keras.Model:
+    """A user's functional model: BatchNorm, Dropout, Adam with EMA."""
+    inputs = keras.Input(IMAGE)
+    x = keras.layers.Conv2D(4, 3)(inputs)
+    x = keras.layers.BatchNormalization(momentum=0.8)(x)
+    x = keras.layers.ReLU()(keras.layers.Flatten()(x))
+    x = keras.layers.Dropout(0.3, seed=7)(x)
+    x = keras.layers.Dense(16, activation="relu")(x)
+    outputs = keras.layers.Dense(3)(keras.layers.BatchNormalization(momentum=0.8)(x))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(0.02, use_ema=True, ema_momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def dataset(examples: int = 48, batch: int = 16) -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.random((examples, *IMAGE), dtype=np.float32)
+    y = rng.integers(0, 3, examples)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+class TreeTest(tf.test.TestCase):
+
+    def test_each_replica_adds_the_largest_subtrees_of_its_shards(self):
+        self.assertEqual(virtual_replicas.tree_nodes(0, 4, 4), [(0, 4)])
+        self.assertEqual(virtual_replicas.tree_nodes(2, 4, 4), [(2, 4)])
+        self.assertEqual(virtual_replicas.tree_nodes(1, 2, 4), [(1, 2)])
+        # Six shards on three replicas: a pair that straddles the tree's halves.
+        self.assertEqual(virtual_replicas.tree_nodes(2, 4, 6), [(2, 3), (3, 4)])
+        self.assertEqual(virtual_replicas.tree_nodes(4, 6, 6), [(4, 6)])
+
+    def test_the_sum_takes_the_trees_order_whoever_holds_the_shards(self):
+        # float32 values whose sum depends on the order: (a + b) + (c + d) only.
+        a, b, c, d = (np.float32(v) for v in (1e8, 1.0, -1e8, 1.0))
+        leaves = {(0, 1): a, (1, 2): b, (2, 3): c, (3, 4): d}
+        one = virtual_replicas.tree_sum(leaves, 0, 4)
+        halves = {(0, 2): virtual_replicas.tree_sum(leaves, 0, 2),
+                  (2, 4): virtual_replicas.tree_sum(leaves, 2, 4)}
+        self.assertEqual(one, virtual_replicas.tree_sum(halves, 0, 4))
+        self.assertEqual(one, (a + b) + (c + d))
+        self.assertNotEqual(one, ((a + b) + c) + d)
+
+    def test_a_batch_is_cut_by_position_the_same_for_any_number_of_replicas(self):
+        sizes = virtual_replicas.shard_sizes(tf.constant(10), 4).numpy()
+        self.assertAllEqual(sizes, [3, 3, 2, 2])
+        self.assertAllEqual(virtual_replicas.replica_slices(tf.constant(10), 4, 2).numpy(),
+                            [[0, 6], [6, 10]])
+        self.assertAllEqual(virtual_replicas.replica_slices(tf.constant(10), 4, 4).numpy(),
+                            [[0, 3], [3, 6], [6, 8], [8, 10]])
+        # A replica's own shards, cut from its size, are the batch's.
+        self.assertAllEqual(virtual_replicas.shard_sizes(tf.constant(6), 2).numpy(), [3, 3])
+        self.assertAllEqual(virtual_replicas.shard_sizes(tf.constant(4), 2).numpy(), [2, 2])
+
+
+class WorldSizeInvarianceTest(testing.StrategyTestCase):
+    NUM_DEVICES = 4
+
+    def test_lenet(self):
+        self.assertSameOnAnyWorldSize(lenet, dataset())
+
+    def test_a_small_resnet_with_batchnorm_and_dropout(self):
+        self.assertSameOnAnyWorldSize(small_resnet, dataset())
+
+    def test_a_users_functional_model_with_adam_ema(self):
+        self.assertSameOnAnyWorldSize(users_functional, dataset())
+
+    def test_a_last_batch_smaller_than_the_shards(self):
+        # 42 examples at 16: a last batch of 10 (shards of 3, 3, 2, 2), and of 2 with 34.
+        self.assertSameOnAnyWorldSize(users_functional, dataset(42))
+        self.assertSameOnAnyWorldSize(lenet, dataset(34))
+
+    def test_without_the_mode_the_world_size_shows(self):
+        # The same check fails for the default step (virtual_replicas=0): it is not vacuous.
+        with self.assertRaisesRegex(AssertionError, "differ from 1 device"):
+            self.assertSameOnAnyWorldSize(
+                users_functional, dataset(), virtual_replicas=0, num_devices=(1, 2))
+
+
+class RefusalsTest(testing.StrategyTestCase):
+    NUM_DEVICES = 4
+
+    def test_a_number_of_replicas_that_does_not_divide_it(self):
+        with self.assertRaisesRegex(ConfigError, r"virtual_replicas=4 needs a number of replicas "
+                                                 r"that divides it \(1, 2, 4\); this job has 3"):
+            tfpar.strategies.get("allreduce", devices=3, virtual_replicas=4)
+
+    def test_options_that_change_the_cut_or_the_sum(self):
+        for options in ({"accumulation_steps": 2}, {"gradient_compression": "bf16"},
+                        {"split_weights": (1.0, 1.0)}):
+            with self.subTest(**options), self.assertRaisesRegex(
+                    ConfigError, "cannot be combined with"):
+                tfpar.strategies.get("allreduce", devices=2, virtual_replicas=4, **options)
+        with self.assertRaisesRegex(ConfigError, "must be an integer >= 0"):
+            tfpar.strategies.get("allreduce", devices=2, virtual_replicas=-1)
+
+    def test_synchronized_batchnorm(self):
+        strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input(IMAGE), keras.layers.Flatten(),
+                                      keras.layers.BatchNormalization(synchronized=True),
+                                      keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with self.assertRaisesRegex(ConfigError, "synchronized BatchNorm normalises over"):
+            model.fit(dataset(), epochs=1, verbose=0)
+
+
+if __name__ == "__main__":
+    tf.test.main()
