@@ -34,6 +34,7 @@ synchronized BatchNorm (it normalises over the global batch, not a shard: refuse
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -131,6 +132,31 @@ def distribute_by_position(strategy: tf.distribute.Strategy, dataset: tf.data.Da
         return dataset.flat_map(pieces)
 
     return strategy.distribute_datasets_from_function(pipeline, options)
+
+
+def start_lines(replicas: int, devices: Sequence[str]) -> list[str]:
+    """What keeps this run from being bit for bit the same as one on another number of
+    replicas, one line each (none: nothing does).
+
+    Args:
+        replicas: The job's replicas.
+        devices: This process's devices (TensorFlow names).
+    """
+    lines = []
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if any("CPU" in device.upper() for device in devices) and threads != 1:
+        lines.append(
+            "virtual_replicas: each CPU device runs its kernels on "
+            f"{f'{threads} intra-op threads' if threads else 'all cores (intra-op threads)'}, "
+            "and a kernel's sums can depend on its threads; for the same "
+            "weights on any number of devices start with "
+            "tfpar.devices.ensure_logical_cpus(n, threads_per_device=1) (tfpar-train does).")
+    if replicas & (replicas - 1):
+        lines.append(
+            f"virtual_replicas: {replicas} replicas is not a power of two, and Keras scales "
+            f"each replica's loss by 1/{replicas}, which rounds: the weights match runs on "
+            "this number of replicas bit for bit, others to float32 rounding.")
+    return lines
 
 
 def _seed_states(model: keras.Model) -> list[Any]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 from keras import tree
 
 from tfpar.allreduce import virtual_replicas
@@ -42,6 +43,10 @@ class _AllReduceStep(TfparStrategy):
         """Keeps the step's options (the defaults if ``None``), checked against the replicas."""
         self.step_options = step_options or StepOptions()
         self.step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
+        if self.step_options.virtual_replicas:
+            for line in virtual_replicas.start_lines(self.num_replicas_in_sync,
+                                                     self.extended.worker_devices):
+                logging.warning("%s", line)
 
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The all-reduce step for Keras's own ``train_step``; a model's own steps run."""

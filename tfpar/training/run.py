@@ -377,6 +377,24 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
     return checkpoint
 
 
+def _pin_for_virtual_replicas(device_sets: Sequence[devices_lib.DeviceSpec]) -> None:
+    """World-size invariance needs kernels that compute alike on every run: one intra-op
+    thread per CPU device (a kernel's sums can depend on its threads), TensorFlow's op
+    determinism on GPUs. Before TensorFlow starts."""
+    if devices_lib.gpu_count():
+        tf.config.experimental.enable_op_determinism()
+        return
+    needed = 1
+    for spec in device_sets:
+        parsed = devices_lib.parse(spec) if isinstance(spec, str) else spec
+        if isinstance(parsed, int):
+            needed = max(needed, parsed)
+        elif isinstance(parsed, Sequence):
+            needed = max([needed, *(int(str(name).rsplit(":", 1)[-1]) + 1 for name in parsed
+                                    if "CPU" in str(name).upper())])
+    devices_lib.ensure_logical_cpus(needed, threads_per_device=1)
+
+
 def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
                on_result: Callable[[RunResult], Any] | None = None) -> list[RunResult]:
     """Trains on every device set in turn (the dataset is loaded once).
@@ -401,6 +419,8 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
                          (config.profile_steps and config.profile_dir, "profile_dir")):
         if folder:  # Checked before any work, not when the first epoch ends.
             atomic_io.check_writable_dir(folder, what)
+    if int(config.strategy.options.get("virtual_replicas") or 0):
+        _pin_for_virtual_replicas(device_sets)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
     for root, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir")):
         for device_set in resolved if root else ():
