@@ -1,0 +1,77 @@
+"""World-size invariance across processes: ``multi_worker_allreduce`` with ``virtual_replicas=4``
+on 2 workers and on 4 ends bit for bit where one process of 4 devices ends, and so does a job
+that shrinks from 4 workers to 2 inside an epoch and grows back, every variable of every replica
+(``tests/allreduce/virtual_replicas_test.py`` has one process). On CPUs a worker runs one
+replica (TensorFlow's multi-worker strategy takes one CPU device), so workers of several
+devices (GPUs) are not run here."""
+
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfpar.cluster import launcher
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "virtual_replicas_worker.py")
+PREEMPTED = 85
+
+
+@pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
+class MultiWorkerInvarianceTest(tf.test.TestCase):
+
+    def job(self, base: str, workers: int, local: int, stop_at: str = "") -> tuple[int, str]:
+        out = io.StringIO()
+        command = [sys.executable, WORKER, str(local), "4", os.path.join(base, "state"),
+                   os.path.join(base, "final"), *([stop_at] if stop_at else [])]
+        status = launcher.launch(command, workers, out=out, resumes_itself=True)
+        return status, out.getvalue()
+
+    def copies(self, base: str, ranks: int) -> list[np.ndarray]:
+        """Every replica's copy of every variable, in the order of the replicas' ids."""
+        values: dict[str, list[np.ndarray]] = {}
+        for rank in range(ranks):
+            with np.load(os.path.join(base, f"final.{rank}.npz")) as data:
+                for key in sorted(data.files):
+                    place, _, path = key.split(" ", 2)
+                    values.setdefault(f"{place} {path}", []).append(data[key])
+        return values
+
+    def assertSameBits(self, expected, actual):
+        self.assertEqual(sorted(expected), sorted(actual))
+        differ = []
+        for name, copies in actual.items():
+            reference = np.atleast_1d(expected[name][0]).view(np.uint8)
+            differ += [f"{name} (replica {i})" for i, copy in enumerate(copies)
+                       if not np.array_equal(np.atleast_1d(copy).view(np.uint8), reference)]
+        self.assertEqual(differ, [])
+
+    def test_the_same_weights_on_any_number_of_workers_through_a_shrink_and_a_growth(self):
+        base = self.get_temp_dir()
+        one = os.path.join(base, "one_process")
+        result = subprocess.run([sys.executable, WORKER, "4", "4", os.path.join(one, "state"),
+                                 os.path.join(one, "final")], capture_output=True, text=True,
+                                timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        expected = self.copies(one, 1)
+        for workers, local in ((2, 1), (4, 1)):
+            with self.subTest(workers=workers, local=local):
+                folder = os.path.join(base, f"{workers}x{local}")
+                status, output = self.job(folder, workers, local)
+                self.assertEqual(status, 0, output[-3000:])
+                self.assertSameBits(expected, self.copies(folder, workers))
+        # 4 workers stopped by a notice inside epoch 2, 2 go on and are stopped inside epoch 3,
+        # 4 finish: the shards, and so the sums, are the same on each.
+        elastic = os.path.join(base, "elastic")
+        for workers, stop_at in ((4, "2:2"), (2, "3:1"), (4, "")):
+            status, output = self.job(elastic, workers, 1, stop_at)
+            self.assertEqual(status, PREEMPTED if stop_at else 0, output[-3000:])
+        self.assertSameBits(expected, self.copies(elastic, 4))
+
+
+if __name__ == "__main__":
+    tf.test.main()
