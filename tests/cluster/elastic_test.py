@@ -14,6 +14,11 @@ from absl.testing import parameterized
 
 from tfpar.cluster import elastic
 from tfpar.cluster import launcher
+from tfpar.cluster.restart_policy import JobState
+from tfpar.cluster.restart_policy import Outcome
+from tfpar.cluster.restart_policy import Progress
+from tfpar.cluster.restart_policy import RoundResult
+from tfpar.cluster.restart_policy import decide
 from tfpar.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,6 +77,30 @@ class WorkerRangeTest(tf.test.TestCase, parameterized.TestCase):
         slots.lose(1, epochs_done=9)
         self.assertFalse(slots.can_lose(2))  # 2 is the minimum.
         self.assertFalse(elastic.WorkerSlots(4, 4).can_lose(3))  # Not elastic.
+
+
+    def test_a_world_size_invariant_job_runs_only_with_sizes_its_shards_divide_into(self):
+        # virtual_replicas=4 on 4 workers, at least 2: losing slot 1 leaves 3, so the highest
+        # slot running is set aside too; both come back at the next try, only slot 1 on trial.
+        self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=4"], 2, 4), (2, 4))
+        self.assertIsNone(launcher.worker_counts(["t"], 2, 4))
+        self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
+                         (1, 2, 4))
+        with self.assertRaisesRegex(ConfigError, "--virtual_replicas=4 needs a number of "
+                                                 "replicas that divides it; 3 workers of 1 "):
+            launcher.worker_counts(["t", "--virtual_replicas=4"], 2, 3)
+        slots = elastic.WorkerSlots(2, 4, sizes=(2, 4))
+        self.assertTrue(slots.can_lose(1))
+        slots.lose(1, epochs_done=1)
+        self.assertEqual((slots.running, slots.lost, slots.set_aside), ([0, 2], [1, 3], [3]))
+        self.assertFalse(slots.can_lose(2))  # 1 worker is below the minimum.
+        self.assertEqual(slots.rejoin(), [1, 3])
+        self.assertEqual((slots.running, slots.rejoining), ([0, 1, 2, 3], [1]))
+        state = JobState(elastic.WorkerSlots(2, 4, sizes=(2, 4)), 0, 0, "/state")
+        decision = decide(RoundResult(Outcome.FAILED, 137, 1), Progress((1, 0), (1, 0)), state)
+        self.assertEqual(decision.state.slots.running, [0, 2])
+        self.assertIn("slot 1 is lost and slot 3 set aside with it (the job runs with 4 or 2 "
+                      "workers)", decision.line)
 
 
 class ElasticLauncherTest(tf.test.TestCase):

@@ -24,12 +24,23 @@ PREEMPTED = 85
 @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
 class MultiWorkerInvarianceTest(tf.test.TestCase):
 
-    def job(self, base: str, workers: int, local: int, stop_at: str = "") -> tuple[int, str]:
+    def job(self, base: str, workers: int, local: int, stop_at: str = "",
+            min_workers: int | None = None) -> tuple[int, str]:
         out = io.StringIO()
         command = [sys.executable, WORKER, str(local), "4", os.path.join(base, "state"),
-                   os.path.join(base, "final"), *([stop_at] if stop_at else [])]
-        status = launcher.launch(command, workers, out=out, resumes_itself=True)
+                   os.path.join(base, "final"), *([stop_at] if stop_at else []),
+                   "--virtual_replicas=4"]
+        status = launcher.launch(command, workers, out=out, resumes_itself=True,
+                                 min_workers=min_workers)
         return status, out.getvalue()
+
+    def one_process(self, base: str) -> dict:
+        one = os.path.join(base, "one_process")
+        result = subprocess.run([sys.executable, WORKER, "4", "4", os.path.join(one, "state"),
+                                 os.path.join(one, "final")], capture_output=True, text=True,
+                                timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        return self.copies(one, 1)
 
     def copies(self, base: str, ranks: int) -> list[np.ndarray]:
         """Every replica's copy of every variable, in the order of the replicas' ids."""
@@ -52,12 +63,7 @@ class MultiWorkerInvarianceTest(tf.test.TestCase):
 
     def test_the_same_weights_on_any_number_of_workers_through_a_shrink_and_a_growth(self):
         base = self.get_temp_dir()
-        one = os.path.join(base, "one_process")
-        result = subprocess.run([sys.executable, WORKER, "4", "4", os.path.join(one, "state"),
-                                 os.path.join(one, "final")], capture_output=True, text=True,
-                                timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        expected = self.copies(one, 1)
+        expected = self.one_process(base)
         for workers, local in ((2, 1), (4, 1)):
             with self.subTest(workers=workers, local=local):
                 folder = os.path.join(base, f"{workers}x{local}")
@@ -71,6 +77,21 @@ class MultiWorkerInvarianceTest(tf.test.TestCase):
             status, output = self.job(elastic, workers, 1, stop_at)
             self.assertEqual(status, PREEMPTED if stop_at else 0, output[-3000:])
         self.assertSameBits(expected, self.copies(elastic, 4))
+
+    def test_an_elastic_launch_that_loses_a_worker_shrinks_to_a_size_that_divides_and_grows(
+            self):
+        # 4 workers, at least 2; slot 2 dies inside epoch 2. 3 workers cannot cut 4 shards, so
+        # slot 3 is set aside too: 2 go on from the end of epoch 1, and once they saved epoch 2
+        # all 4 run again. The weights are those of one process on 4 devices.
+        base = self.get_temp_dir()
+        expected = self.one_process(base)
+        folder = os.path.join(base, "launched")
+        status, output = self.job(folder, 4, 1, "kill", min_workers=2)
+        self.assertEqual(status, 0, output[-3000:])
+        self.assertIn("slot 2 is lost and slot 3 set aside with it (the job runs with 4 or 2 "
+                      "workers)", output)
+        self.assertIn("growing back to 4 workers", output)
+        self.assertSameBits(expected, self.copies(folder, 4))
 
 
 if __name__ == "__main__":

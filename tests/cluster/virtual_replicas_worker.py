@@ -1,11 +1,13 @@
 """One process of a world-size-invariant job (``virtual_replicas``), alone or under the launcher.
 
-``python virtual_replicas_worker.py LOCAL_DEVICES VIRTUAL STATE OUTPUT [STOP_AT]``: trains the
+``python virtual_replicas_worker.py LOCAL_DEVICES VIRTUAL STATE OUTPUT [STOP_AT|kill]``: trains the
 exactness matrix's users' functional model (BatchNorm, Dropout, Adam with EMA and a schedule)
 on LOCAL_DEVICES logical CPU devices of one thread each, under ``multi_worker_allreduce`` when
 the launcher gave it a ``TF_CONFIG``, else ``allreduce``, with ``virtual_replicas=VIRTUAL``,
 resuming from STATE (:class:`~tfpar.callbacks.EpochCheckpoint`). With STOP_AT ``E:S``, worker 0
-sends itself a preemption notice after step S of epoch E (the job saves and exits 85). Each
+sends itself a preemption notice after step S of epoch E (the job saves and exits 85); with
+``kill``, the worker in slot 2 kills itself once the optimizer made 8 steps, the first time only
+(an elastic launcher loses it). Each
 process writes every variable of its model and optimizer, each local replica's copy, to
 ``OUTPUT.RANK.npz``.
 """
@@ -44,7 +46,12 @@ def main(local: str, virtual: str, state: str, output: str, stop_at: str = "") -
     checkpoint = EpochCheckpoint(state, model, strategy)
     initial_epoch = checkpoint.restore()
     callbacks: list = [checkpoint, SaveOnPreemption(checkpoint)]
-    if stop_at and rank == 0:
+    if stop_at == "kill" and os.environ.get("TFPAR_WORKER_SLOT") == "2":
+        sys.path.insert(0, HERE)
+        from exactness_worker import KillOnce
+
+        callbacks.append(KillOnce(f"{state}.killed"))
+    elif stop_at and stop_at != "kill" and rank == 0:
         epoch, step = (int(n) for n in stop_at.split(":"))
         callbacks.append(exactness_test.SignalAt(epoch, step))
     model.fit(x, y, batch_size=exactness_test.BATCH, epochs=exactness_test.EPOCHS,
@@ -58,4 +65,4 @@ def main(local: str, virtual: str, state: str, output: str, stop_at: str = "") -
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(*(arg for arg in sys.argv[1:] if not arg.startswith("--")))  # The launcher reads --flags.

@@ -63,6 +63,11 @@ class WorkerSlots:
         rejoining: Slots of the current start that were lost before (on trial until the job
             saves something new).
         next_try_epochs: The number of finished epochs at which lost slots are tried again.
+        sizes: The numbers of workers the job may run with (``None``: any from ``minimum``
+            to ``maximum``); a world-size-invariant job runs only where its shards divide
+            evenly. A lost slot that leaves another number sets aside the highest slots
+            running too, until the job's size is one of these.
+        set_aside: The slots of :attr:`lost` set aside that way (not failed themselves).
     """
 
     minimum: int
@@ -71,6 +76,8 @@ class WorkerSlots:
     lost: list[int] = dataclasses.field(default_factory=list)
     rejoining: list[int] = dataclasses.field(default_factory=list)
     next_try_epochs: int = 0
+    sizes: tuple[int, ...] | None = None
+    set_aside: list[int] = dataclasses.field(default_factory=list)
     _interval: int = dataclasses.field(default=1, init=False, repr=False)
 
     def __post_init__(self):
@@ -86,9 +93,18 @@ class WorkerSlots:
         """The slot of the worker of rank ``rank`` in the current start."""
         return self.running[rank]
 
+    def _size_without(self, slot: int) -> int | None:
+        """The job's size once ``slot`` is lost (and slots set aside, where needed); ``None``
+        where no size it may run with is left."""
+        left = len([s for s in self.running if s != slot])
+        allowed = [n for n in (self.sizes or range(self.minimum, self.maximum + 1))
+                   if self.minimum <= n <= left]
+        return max(allowed) if allowed else None
+
     def can_lose(self, slot: int) -> bool:
-        """Whether the job keeps at least ``minimum`` workers without ``slot``."""
-        return self.elastic and len([s for s in self.running if s != slot]) >= self.minimum
+        """Whether the job keeps at least ``minimum`` workers without ``slot`` (and a number
+        it may run with)."""
+        return self.elastic and self._size_without(slot) is not None
 
     def lose(self, slot: int, epochs_done: int) -> None:
         """Takes ``slot`` out of the job (see :meth:`can_lose`); lost slots are tried again
@@ -98,17 +114,23 @@ class WorkerSlots:
             self._interval *= 2
         else:
             self._interval = 1
+        size = self._size_without(slot)
         self.running = [s for s in self.running if s != slot]
         self.rejoining = [s for s in self.rejoining if s != slot]
         self.lost.append(slot)
+        while size is not None and len(self.running) > size:
+            aside = self.running.pop()
+            self.rejoining = [s for s in self.rejoining if s != aside]
+            self.lost.append(aside)
+            self.set_aside.append(aside)
         self.next_try_epochs = epochs_done + self._interval
 
     def rejoin(self) -> list[int]:
         """Puts every lost slot back for the next start, on trial; returns them."""
         back = sorted(self.lost)
         self.running = sorted(self.running + back)
-        self.rejoining = back
-        self.lost = []
+        self.rejoining = [s for s in back if s not in self.set_aside]
+        self.lost, self.set_aside = [], []
         return back
 
     def settled(self) -> None:

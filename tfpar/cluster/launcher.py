@@ -193,8 +193,9 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         model_dir = model_dir_of(command)
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
-        slots = elastic.WorkerSlots(num_workers if min_workers is None else min_workers,
-                                    num_workers)
+        minimum = num_workers if min_workers is None else min_workers
+        slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
+            command, minimum, num_workers, gpus_per_worker))
         given, idle = gpus_lib.shares(
             list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
             gpus_per_worker)
@@ -275,6 +276,28 @@ def _growth_due(slots: elastic.WorkerSlots, progress: str
         return None
 
     return due
+
+
+def worker_counts(command: Sequence[str], minimum: int, maximum: int,
+                  gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
+    """The numbers of workers a command may run with: under ``--virtual_replicas=V`` (a
+    world-size-invariant job) those whose replicas (a worker's GPUs, else one) divide ``V``;
+    ``None`` (any) otherwise.
+
+    Raises:
+        ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
+    """
+    text = flag_of(command, "virtual_replicas")
+    if not text or not text.strip().isdigit() or int(text) == 0:
+        return None
+    virtual, per_worker = int(text), gpus_per_worker or 1
+    sizes = tuple(n for n in range(minimum, maximum + 1) if virtual % (n * per_worker) == 0)
+    if maximum not in sizes:
+        raise ConfigError(
+            f"--virtual_replicas={virtual} needs a number of replicas that divides it; "
+            f"{maximum} workers of {per_worker} replica(s) are {maximum * per_worker}. Launch a "
+            f"number of workers whose replicas divide {virtual}.", argument="num_workers")
+    return sizes
 
 
 def _grace_of(command: Sequence[str]) -> float:

@@ -190,10 +190,12 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     else:
         epochs_done = progress.after[0] if progress.after is not None else 0
         slot = slots.slot_of(result.rank)
+        aside = len(slots.set_aside)
         if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
             slots.lose(slot, epochs_done)
             which = (f"slot {slot} failed again on rejoining, so it is lost"
-                     + _next_try(slots, state.model_dir) + "; going on with "
+                     + _set_aside(slots, aside)
+                     + _next_try(slots, folder) + "; going on with "
                      f"{_workers(len(slots.running))} of {slots.maximum}")
         else:
             failures += 1
@@ -205,8 +207,8 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                 slots.lose(slot, epochs_done)
                 failures = 0
                 which = (f"the restarts at {_workers(count)} are used up ({max_restarts} of "
-                         f"{max_restarts}): slot {slot} is lost"
-                         + _next_try(slots, state.model_dir) + "; going on with "
+                         f"{max_restarts}): slot {slot} is lost" + _set_aside(slots, aside)
+                         + _next_try(slots, folder) + "; going on with "
                          f"{_workers(len(slots.running))} of {slots.maximum} (at least "
                          f"{slots.minimum}) at the same global batch")
             else:
@@ -228,6 +230,16 @@ def _rejoining(slots: elastic.WorkerSlots) -> str:
     back = slots.rejoin()
     return (f" with {_workers(len(slots.running))}, slot {_listed(back)} rejoining" if back
             else "")
+
+
+def _set_aside(slots: elastic.WorkerSlots, before: int) -> str:
+    """The slots a loss set aside beyond the failed one, in words (none: empty)."""
+    new = slots.set_aside[before:]
+    if not new:
+        return ""
+    sizes = " or ".join(str(n) for n in sorted(slots.sizes or (), reverse=True))
+    return (f" and slot {_listed(new)} set aside with it (the job runs with {sizes} "
+            "workers)")
 
 
 def _next_try(slots: elastic.WorkerSlots, model_dir: str | None) -> str:
