@@ -68,6 +68,24 @@ class SignalRouterTest(absltest.TestCase):
         self.assertIn((signal.SIGUSR2, "tfpar-signals"), heard)
         self.assertIsNotNone(signal_router.reader_descriptor())
 
+    def test_install_sets_and_gives_back_and_is_the_only_caller_of_signal_signal(self):
+        previous = signal_router.install({signal.SIGUSR2: signal.SIG_IGN})
+        try:
+            self.assertIs(signal.getsignal(signal.SIGUSR2), signal.SIG_IGN)
+        finally:
+            signal_router.install(previous)
+        self.assertEqual(signal.getsignal(signal.SIGUSR2), previous[signal.SIGUSR2])
+        package = os.path.dirname(os.path.dirname(signal_router.__file__))
+        callers = []
+        for folder, _, names in os.walk(package):
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as f:
+                        if "signal.signal(" in f.read():
+                            callers.append(os.path.relpath(path, package))
+        self.assertEqual(callers, [os.path.join("cluster", "signal_router.py")])
+
     def test_off_the_main_thread_nothing_is_set(self):
         results = []
         worker = threading.Thread(target=lambda: results.append(

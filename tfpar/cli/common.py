@@ -61,7 +61,7 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         # complete results and checkpoints are left behind), unless it is watched as a
         # preemption notice (tfpar.cluster.preemption: every program from run_main's start).
         previous = (None if preemption.watching(signal.SIGTERM)
-                    else signal.signal(signal.SIGTERM, _raise_keyboard_interrupt))
+                    else signal_router.install({signal.SIGTERM: _raise_keyboard_interrupt}))
         _end_if_stuck_after_signal()
         _running.set()
         try:
@@ -87,7 +87,7 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         finally:
             _running.clear()
             if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                signal_router.install(previous)
 
     return wrapped
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from absl import logging
 
 from tfpar.cluster import protocol
+from tfpar.cluster import signal_router
 from tfpar.cluster.spec import is_chief
 from tfpar.cluster.spec import is_multi_worker
 from tfpar.cluster.spec import split_address
@@ -230,7 +231,7 @@ def connect(make: Callable[[], tf.distribute.Strategy],
                                  "free ports.") from None
         raise
     if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+        signal_router.install({signal.SIGTERM: previous})
     if cluster_resolver is not None and is_multi_worker(strategy) and is_chief(strategy):
         atexit.register(leave_last, cluster_resolver)
     return strategy

@@ -213,7 +213,7 @@ def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_S
         return False
     _start_listening()
     _notices.watches.append((_notices.signals, _notices.grace_seconds,
-                             {s: signal.signal(s, _on_signal) for s in signals},
+                             signal_router.install({s: _on_signal for s in signals}),
                              _notices.exit_process))
     if exit_process is not None:
         _notices.exit_process = exit_process
@@ -228,8 +228,7 @@ def unwatch_signals() -> None:
         return
     (_notices.signals, _notices.grace_seconds, previous,
      _notices.exit_process) = _notices.watches.pop()
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    signal_router.install(previous)
 
 
 def watching(signum: int) -> bool:

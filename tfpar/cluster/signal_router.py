@@ -24,6 +24,8 @@ import signal
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
 
 _arrived: list[int] = []  # Signals recorded by the handlers, not taken yet.
 _listeners: list[Callable[[int], None]] = []
@@ -51,16 +53,28 @@ def subscribe(signals: Iterable[int]) -> bool:
     if not in_main_thread():
         return False
     _start_reader()
-    _previous.append({s: signal.signal(s, _record) for s in signals})
+    _previous.append(install({s: _record for s in signals}))
     return True
+
+
+def install(handlers: Mapping[int, Any]) -> dict[int, Any]:
+    """Sets each signal's handler (main thread only), returning those it replaced: the one
+    place tfpar calls ``signal.signal``, for the few handlers that are not the router's own
+    (a preemption notice's, the programs' Ctrl-C) and for putting handlers back.
+
+    Returns:
+        The handlers replaced, by signal (empty outside the main thread, where nothing is set).
+    """
+    if not in_main_thread():
+        return {}
+    return {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
 
 
 def unsubscribe() -> None:
     """Gives back the handlers the innermost :func:`subscribe` replaced."""
     if not in_main_thread() or not _previous:
         return
-    for signum, handler in _previous.pop().items():
-        signal.signal(signum, handler)  # type: ignore[arg-type]
+    install(_previous.pop())
 
 
 def take(only: int | None = None) -> list[int]:
