@@ -24,7 +24,6 @@ from tfpar.cluster import private_network
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "ray", "train.py")
-sys.path.insert(0, HERE)
 
 pytestmark = pytest.mark.ray
 
@@ -35,7 +34,7 @@ except ImportError:
         raise
     pytest.skip('Ray is not installed: pip install -e ".[ray]"', allow_module_level=True)
 
-import ray_job  # noqa: E402  (the job's model and data, for the one-process reference)
+import ray_job  # noqa: E402  (after the skip: it imports Ray)
 
 
 class RayTrainTest(tf.test.TestCase, parameterized.TestCase):

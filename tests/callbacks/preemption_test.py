@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from conftest import checkpoint_values
 
 import tfpar
 from tfpar import data
@@ -60,10 +61,6 @@ class SignalAt(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
-def checkpoint_values(directory):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model_variables/", "optimizer/"))}
 
 
 class PreemptedRunTest(testing.StrategyTestCase):

@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 import tensorflow as tf
 from absl.testing import parameterized
+from conftest import checkpoint_values
 
 from tfpar.cluster import elastic
 from tfpar.cluster import launcher
@@ -211,9 +212,7 @@ _UNINTERRUPTED: dict = {}
 
 
 def final_values(model_dir: str) -> dict:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, RUN)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model_variables/", "optimizer/"))}
+    return checkpoint_values(os.path.join(model_dir, RUN))
 
 
 @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import multi_worker_worker  # The worker program, importable for its model.
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,8 +20,6 @@ from tfpar.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multi_worker_worker.py")
-sys.path.insert(0, HERE)
-import multi_worker_worker  # noqa: E402  (the worker program, importable for its model)
 
 
 def srun_environment(job_id="4242", rank=0, tasks=2, nodes="localhost", per_node="2", **more):

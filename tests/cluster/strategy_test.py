@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import multi_worker_worker  # The worker program, importable for its model.
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,8 +17,6 @@ from tfpar import testing
 from tfpar.cluster import launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import multi_worker_worker  # noqa: E402  (the worker program, importable for its model)
 
 
 class OverlapTest(tf.test.TestCase, parameterized.TestCase):

@@ -6,13 +6,10 @@ The short soak (one fault of each kind, about 4 minutes on 2 cores) has the ``cl
 """
 
 import os
-import sys
 
+import chaos_soak
 import pytest
 import tensorflow as tf
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chaos_soak  # noqa: E402
 
 
 class ChaosSoakTest(tf.test.TestCase):

@@ -12,6 +12,7 @@ import time
 import pytest
 import tensorflow as tf
 from absl.testing import parameterized
+from conftest import checkpoint_values
 
 from tfpar.cluster import protocol
 
@@ -30,9 +31,7 @@ _LINE = re.compile(r"^\[worker (\d)\] Preempted \(([^)]*)\): state saved at (epo
 
 
 def model_values(model_dir: str, run: str) -> dict:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, run)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model_variables/", "optimizer/"))}
+    return checkpoint_values(os.path.join(model_dir, run))
 
 
 _UNINTERRUPTED: dict = {}  # (strategy, flags) -> the final values of a job run without faults.

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import conftest
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,10 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def checkpoint_values(directory: str) -> dict[str, np.ndarray]:
-    """The model and optimizer tensors of the latest checkpoint in ``directory``."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model_variables/", "optimizer/", "epochs_done/"))}
+    """The model and optimizer tensors, and the epochs, of the latest checkpoint there."""
+    return conftest.checkpoint_values(directory, (*conftest.MODEL_AND_OPTIMIZER, "epochs_done/"))
 
 
 class SameStateTestCase(testing.StrategyTestCase):

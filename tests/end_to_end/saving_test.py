@@ -5,13 +5,11 @@ import os
 import subprocess
 import sys
 
+import docs_test
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import docs_test  # noqa: E402  (the guide's blocks)
 
 ROOT = docs_test.ROOT
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -1,0 +1,29 @@
+"""What tfpar's own test modules share (pytest loads this before any of them).
+
+- The folders of the modules tests import by name are on the import path: the worker programs
+  (``tests/cluster``), the exactness matrix's models and the guides' blocks
+  (``tests/end_to_end``), the Ray jobs (``tests``).
+- :func:`checkpoint_values` reads a saved training state.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for _folder in (HERE, os.path.join(HERE, "end_to_end"), os.path.join(HERE, "cluster")):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
+
+MODEL_AND_OPTIMIZER = ("model_variables/", "optimizer/")
+"""The checkpoint keys of the model's and the optimizer's variables (tfpar's EpochCheckpoint)."""
+
+
+def checkpoint_values(folder: str, prefixes: tuple[str, ...] = MODEL_AND_OPTIMIZER) -> dict:
+    """The tensors of the latest checkpoint in ``folder`` whose keys start with ``prefixes``."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(folder))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith(prefixes)}
