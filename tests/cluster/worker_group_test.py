@@ -1,0 +1,69 @@
+"""Tests of one round of workers on its own (``WorkerGroup``): what each way a round ends
+reports, the environment each worker gets, and its stop record read after it exited."""
+
+import io
+import os
+import sys
+
+import tensorflow as tf
+
+from tfpar.cluster import worker_group
+from tfpar.cluster.restart_policy import Outcome
+from tfpar.cluster.restart_policy import RoundResult
+from tfpar.errors import ExitStatus
+
+# Each worker runs this with its rank's behaviour in argv ("0": succeed, "3": exit 3, ...).
+PROGRAM = """
+import json, os, sys, time
+rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("slot", os.environ["TFPAR_WORKER_SLOT"], "rank", rank,
+      "progress", os.environ.get("TFPAR_PROGRESS_RECORD", "-"), flush=True)
+action = sys.argv[1 + rank]
+if action == "sleep":
+    time.sleep(60)
+if action == "blame1":  # Says worker 1 stopped answering, as tfpar's programs do.
+        protocol.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
+    sys.exit(69)
+sys.exit(int(action) if action.isdigit() else 0)
+"""
+
+
+class WorkerGroupTest(tf.test.TestCase):
+
+    def run_round(self, *actions: str, slots=None, progress=None) -> tuple[RoundResult, str]:
+        out = io.StringIO()
+        group = worker_group.WorkerGroup(
+            [sys.executable, "-c", PROGRAM, *actions], slots or list(range(len(actions))),
+            "127.0.0.1", out, all_output=True, network="host", grace=5.0,
+            progress_record=progress)
+        return group.run(), out.getvalue()
+
+    def test_every_worker_succeeding(self):
+        progress = os.path.join(self.get_temp_dir(), "progress.json")
+        result, output = self.run_round("0", "0", progress=progress)
+        self.assertEqual(result, RoundResult(Outcome.SUCCEEDED, 0, 0))
+        # Each worker's slot and rank, and where the chief records its progress.
+        self.assertIn(f"[worker 1] slot 1 rank 1 progress {progress}", output)
+
+    def test_a_failing_worker_is_the_one_reported_and_the_others_are_stopped(self):
+        result, output = self.run_round("sleep", "3")
+        self.assertEqual((result.outcome, result.status, result.rank), (Outcome.FAILED, 3, 1))
+        self.assertIn("launcher: worker 1 exited with 3; stopped the other workers.", output)
+
+    def test_the_worker_a_stop_record_names_is_the_one_blamed(self):
+        result, output = self.run_round("blame1", "sleep")
+        self.assertEqual((result.outcome, result.status, result.rank),
+                         (Outcome.FAILED, 69, 1))
+        self.assertIn("(worker 1 stopped answering)", output)
+
+    def test_a_preempted_worker_leaves_the_others_to_finish(self):
+        result, _ = self.run_round(str(int(ExitStatus.PREEMPTED)), "0")
+        self.assertEqual((result.outcome, result.status), (Outcome.PREEMPTED, 85))
+
+    def test_slots_and_ranks_differ_after_a_loss(self):
+        _, output = self.run_round("0", "0", slots=[0, 2])
+        self.assertIn("[worker 1] slot 2 rank 1 progress -", output)  # No record asked.
+
+
+if __name__ == "__main__":
+    tf.test.main()
