@@ -22,7 +22,8 @@ action = sys.argv[1 + rank]
 if action == "sleep":
     time.sleep(60)
 if action == "blame1":  # Says worker 1 stopped answering, as tfpar's programs do.
-        protocol.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
+    from tfpar.cluster import protocol
+    protocol.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
     sys.exit(69)
 sys.exit(int(action) if action.isdigit() else 0)
 """

@@ -73,7 +73,7 @@ class StepOptions:
             position into this many shards, each trained as a replica of its own (its own
             forward and backward, BatchNorm batch statistics and Dropout stream), and combined
             in one fixed order, so that any number of replicas dividing it ends with the same
-            weights, bit for bit (:mod:`tfpar.allreduce.virtual_replicas`).
+            weights, bit for bit.
     """
 
     algorithm: str = field("collective", choices=ALGORITHMS, flag="allreduce")
