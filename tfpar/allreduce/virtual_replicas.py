@@ -155,7 +155,8 @@ def start_lines(replicas: int, devices: Sequence[str]) -> list[str]:
         lines.append(
             f"virtual_replicas: {replicas} replicas is not a power of two, and Keras scales "
             f"each replica's loss by 1/{replicas}, which rounds: the weights match runs on "
-            "this number of replicas bit for bit, others to float32 rounding.")
+            "other numbers of replicas bit for bit only where that rounding cancels (it "
+            "usually does; it is certain on powers of two).")
     return lines
 
 
