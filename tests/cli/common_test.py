@@ -51,6 +51,31 @@ class ExitCleanlyTest(tf.test.TestCase):
         self.assertEqual(result.stdout.split(), ["handled", "alive"])
 
 
+    def test_a_ctrl_c_while_an_error_ends_the_program_prints_no_traceback(self):
+        # As a launcher stops every worker when one fails: a worker that printed its error
+        # line may get SIGINT while it exits.
+        code = textwrap.dedent("""
+            import atexit, os, signal, time
+            from tfpar.cli import common
+            from tfpar.errors import ConfigError
+
+            def interrupted_clean_up():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+
+            atexit.register(interrupted_clean_up)
+
+            def main(argv):
+                raise ConfigError("batch_size must be positive.")
+
+            common.exit_cleanly(main)([])
+            """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.strip(), "Error: batch_size must be positive.")
+
+
 class NoticeFromTheFirstInstantTest(tf.test.TestCase):
     """A notice that reaches a program before training is a notice: status 85 and a stop
     record saying so, not an interruption (130), which a scheduler does not requeue."""

@@ -71,6 +71,9 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         except TfparError as e:
             line = f"Error: {e.render(lambda a: flag_name(a, aliases))}"
             print(line, file=sys.stderr)
+            # Said in its one line, the program is ending: a Ctrl-C now (a launcher stopping
+            # the other workers) would print a traceback from the exit's clean-up instead.
+            signal_router.install({signal.SIGINT: signal.SIG_IGN})
             protocol.record_stop(e.exit_status, line,
                                  unresponsive=getattr(e, "unresponsive", ()))
             sys.exit(e.exit_status)
