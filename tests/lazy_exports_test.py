@@ -109,6 +109,21 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.cluster.launcher.",
             "True True True"])
 
+    def test_the_callback_module_that_shared_preemptions_name_moved_with_a_warning(self):
+        code = ("import warnings\n"
+                "with warnings.catch_warnings(record=True) as caught:\n"
+                "    warnings.simplefilter('always', DeprecationWarning)\n"
+                "    from tfpar.callbacks import preemption\n"
+                "from tfpar.callbacks import SaveOnPreemption, save_on_preemption\n"
+                "for w in caught:\n"
+                "    print(w.message)\n"
+                "print(preemption.SaveOnPreemption is save_on_preemption.SaveOnPreemption\n"
+                "      is SaveOnPreemption)\n")
+        self.assertEqual(run_lines(code), [
+            "tfpar.callbacks.preemption is deprecated and will be removed in tfpar 0.5.0: use "
+            "tfpar.callbacks.save_on_preemption (or tfpar.callbacks.SaveOnPreemption).",
+            "True"])
+
     def test_the_training_and_benchmark_modules_moved_with_a_warning(self):
         code = ("import warnings\n"
                 "with warnings.catch_warnings(record=True) as caught:\n"

@@ -21,7 +21,7 @@ PUBLIC_MODULES = ("tfpar.devices", "tfpar.errors", "tfpar.ray", "tfpar.host.thre
                   "tfpar.strategies.multi_worker", "tfpar.strategies.multi_worker_options",
                   "tfpar.strategies.cross_device_ops", "tfpar.benchmark.config")
 DEPRECATED = ("tfpar.multiworker", "tfpar.evaluation", "tfpar.schedules",
-              "tfpar.benchmark.configuration", "tfpar.keras_fixes")
+              "tfpar.benchmark.configuration", "tfpar.keras_fixes", "tfpar.callbacks.preemption")
 
 
 def read(path: str) -> str:

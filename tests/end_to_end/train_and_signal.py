@@ -21,7 +21,7 @@ import sys
 import time
 
 from tfpar.callbacks import checkpointing
-from tfpar.callbacks import preemption
+from tfpar.callbacks import save_on_preemption as preemption
 from tfpar.training import evaluation
 
 

@@ -5,7 +5,7 @@
 - :mod:`.profiling`: :class:`ProfileSteps`, traces steps for TensorBoard's profiler;
 - :mod:`.checkpointing`: :class:`EpochCheckpoint`, kill-and-resume (at an epoch's end or
   inside it);
-- :mod:`.preemption`: :class:`SaveOnPreemption`, the state saved at the step a preemption
+- :mod:`.save_on_preemption`: :class:`SaveOnPreemption`, the state saved at the step a preemption
   notice stops the job at;
 - :mod:`.batchnorm_statistics`: :class:`AverageAtEpochEnd`, replicas' BatchNorm statistics
   averaged before evaluating and saving.
@@ -16,6 +16,6 @@ from tfpar import lazy_exports
 lazy_exports.install(__name__, {
     "EpochTimer": "timing", "StopOnNonFiniteLoss": "non_finite_loss",
     "ProfileSteps": "profiling", "EpochCheckpoint": "checkpointing",
-    "SaveOnPreemption": "preemption",
+    "SaveOnPreemption": "save_on_preemption",
     "AverageAtEpochEnd": "batchnorm_statistics",
 })

@@ -2,7 +2,7 @@
 
 After every epoch the model's weights, the optimizer's state and the number of finished
 epochs are saved; :meth:`EpochCheckpoint.save_inside_epoch` also saves in the middle of an
-epoch (after a preemption notice, :mod:`tfpar.callbacks.preemption`), with the step and the
+epoch (after a preemption notice, :mod:`tfpar.callbacks.save_on_preemption`), with the step and the
 epoch's metrics so far, and a run restored from such a state starts that epoch at the next
 step (:mod:`tfpar.compat.mid_epoch_resume`). TensorFlow writes each checkpoint's files first
 and then replaces the small ``checkpoint`` index file atomically, so a run killed at any moment

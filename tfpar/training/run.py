@@ -24,8 +24,8 @@ from tfpar import devices as devices_lib
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
-from tfpar.callbacks.preemption import SaveOnPreemption
 from tfpar.callbacks.profiling import ProfileSteps
+from tfpar.callbacks.save_on_preemption import SaveOnPreemption
 from tfpar.callbacks.timing import EpochTimer
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
