@@ -112,7 +112,7 @@ class JobPreemptionTest(PreemptionTestCase):
                                  r"\(exit 85\); waiting for the others to save\.")
         self.assertIn("launcher: the job was preempted after saving; starting every worker "
                       "again (not counted as a failure), resuming from epoch 2 step 4 in "
-                      f"{parts}.", output)
+                      f"{os.path.join(parts, 'multi_worker_1_devices')}.", output)
         self.assertNotIn("restart 1 of 1", output)
         self.assertSameValues(self.uninterrupted("multi_worker", *flags),
                               model_values(parts, "multi_worker_1_devices"))
