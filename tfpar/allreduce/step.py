@@ -233,8 +233,8 @@ def _virtual_replicas_step(model: keras.Model, options: StepOptions, step: _Repl
     if step.loss_scale is not None:
         raise ConfigError("virtual_replicas cannot train with a LossScaleOptimizer (its scale "
                           "depends on the number of replicas); train in float32 or bfloat16.")
-    sums, total, _ = virtual_replicas.train_step(
-        model, options, data, step._forward_backward, step.present, step._empty_shard)
+    sums, total = virtual_replicas.train_step(
+        model, options, data, step._forward_backward, step._empty_shard)
     grads = step._scaled(sums, total)
     step._metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
     flat_states = [value for states in step._metric_states for value in states]

@@ -166,8 +166,8 @@ def _seed_states(model: keras.Model) -> list[Any]:
 
 
 def train_step(model: keras.Model, options: StepOptions, data: Any,
-               forward_backward: Callable[..., list], present: list[int],
-               empty_shard: Callable[[], list]) -> tuple[list, tf.Tensor, list]:
+               forward_backward: Callable[..., list],
+               empty_shard: Callable[[], list]) -> tuple[list, tf.Tensor]:
     """This replica's shards, combined in the fixed order with every other replica's.
 
     Args:
@@ -175,14 +175,12 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         options: The step's options (``virtual_replicas`` set).
         data: This replica's ``(x, y, sample_weight)``: its consecutive shards.
         forward_backward: Runs one shard ``(x, y, sample_weight, count)`` and returns the
-            gradient of the sum of its losses (of the variables in ``present``).
-        present: The indices of the trainable variables with a gradient (filled when the
-            first shard is traced).
+            gradient of the sum of its losses (of the variables that get one).
         empty_shard: The zero gradients of a shard without examples.
 
     Returns:
-        The global gradients' sums, the global example count and, for each assigned
-        variable, the value it ends the step with (already assigned).
+        The global gradients' sums and the global example count (the assigned variables
+        already hold the values they end the step with).
     """
     context = tf.distribute.get_replica_context()
     replicas, virtual = context.num_replicas_in_sync, options.virtual_replicas
@@ -246,7 +244,6 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         n = int(np.prod(g.shape))
         grad_sums.append(tf.reshape(total[offset:offset + n], g.shape))
         offset += n
-    ends = []
     for variable, value in zip(assigned, at_start):
         n = int(np.prod(value.shape))
         mean_change = tf.reshape(total[offset:offset + n], value.shape) / virtual
@@ -255,10 +252,9 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
             end = value + tf.cast(mean_change, value.dtype)
         else:
             end = value + tf.cast(tf.round(mean_change), value.dtype)
-        ends.append(end)
         variable.assign(end)
     for variable, value in zip(seeds, seeds_after):
         variable.assign(value - tf.constant([(replica * per_replica + 1) * _SEED_STRIDE, 0],
                                             value.dtype))
-    return grad_sums, total[-1], ends
+    return grad_sums, total[-1]
 

@@ -230,10 +230,14 @@ class EpochCheckpoint(keras.callbacks.Callback):
         folder = os.path.join(self.directory, self.REPLICA_COPIES_DIR)
         with contextlib.suppress(OSError):
             for name in os.listdir(folder):
-                if name.removesuffix(".json") not in kept:
-                    shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+                path = os.path.join(folder, name)
+                if name.removesuffix(".json") in kept:
+                    continue
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:  # A 0.3 save's JSON.
                     with contextlib.suppress(OSError):
-                        os.remove(os.path.join(folder, name))
+                        os.remove(path)
 
     @property
     def position(self) -> tuple[int, int]:
