@@ -15,8 +15,10 @@ job Ray restarts needs, which :class:`ReportCheckpointCallback` here does:
   variables, the optimizer's state and the number of finished epochs
   (:class:`tfpar.callbacks.EpochCheckpoint`), and :meth:`ReportCheckpointCallback.restore`
   puts them back and returns the epoch to resume from;
-- every worker saves and reports a copy of the same state; here the chief reports it, the
-  others report the metrics alone (Ray asks every worker to report the same number of times).
+- every worker saves and reports a copy of the same state; here the chief reports it, and
+  each other worker reports only what it alone holds (its replicas' copies of per-replica
+  BatchNorm statistics, :mod:`tfpar.replica_copies`), which Ray merges into the same
+  checkpoint (Ray asks every worker to report the same number of times).
 
 Under Ray Train a scheduler's SIGTERM does not reach the training (Ray's controller handles the
 worker group), so a restart resumes from the last state reported. With ``save_every_steps=N``
@@ -29,6 +31,8 @@ Install tfpar with its ``ray`` extra: ``pip install "tfpar-0.3.0-py3-none-any.wh
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import weakref
@@ -141,20 +145,39 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
             return  # (The epoch's last step is reported at its end.)
         self._state.save_inside_epoch(self._epoch, steps)  # Every worker; the chief writes.
         metrics = {**self._reported(dict(logs or {}), self._epoch, partial=True), "step": steps}
-        if self._chief:
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
-                self._local), checkpoint_dir_name=(
-                    f"{CHECKPOINT_PREFIX}{self._epoch:06d}_step_{steps:06d}"))
-        else:
-            ray.train.report(metrics)
+        self._report(metrics, f"{CHECKPOINT_PREFIX}{self._epoch:06d}_step_{steps:06d}")
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
         self._state.on_epoch_end(epoch, logs)  # Every worker takes part; the chief writes.
         metrics = self._reported(logs, epoch + 1)
         saved = int(self._state.epochs_done.numpy()) == epoch + 1  # Not after a NaN loss.
-        if self._chief and saved:
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
-                self._local), checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{epoch + 1:06d}")
+        if saved:
+            self._report(metrics, f"{CHECKPOINT_PREFIX}{epoch + 1:06d}")
         else:
             ray.train.report(metrics)
+
+    def _report(self, metrics: dict[str, Any], name: str) -> None:
+        """Reports the state just saved as checkpoint ``name``: the chief its whole folder,
+        another worker the files it alone wrote (moved to a folder of their own, removed once
+        Ray has them), which Ray merges into the same checkpoint."""
+        if self._chief:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
+                self._local), checkpoint_dir_name=name)
+            return
+        own = self._state.written_by_this_worker
+        if not own:
+            ray.train.report(metrics)
+            return
+        staged = tempfile.mkdtemp(prefix="tfpar-ray-own-")
+        try:
+            for relative in own:
+                os.makedirs(os.path.dirname(os.path.join(staged, relative)), exist_ok=True)
+                source = os.path.join(self._local, relative)
+                shutil.move(source, os.path.join(staged, relative))
+                with contextlib.suppress(OSError):  # Its checkpoint's folder, when empty.
+                    os.rmdir(os.path.dirname(source))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(staged),
+                             checkpoint_dir_name=name)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)

@@ -255,7 +255,7 @@ def _file_name(first: int, last: int, total: int) -> str:
 
 
 def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | None = None
-          ) -> None:
+          ) -> str | None:
     """Writes this worker's replicas' copies of each variable whose copies differ to ``folder``.
 
     Each worker writes one binary file of its own replicas (nothing when every replica agrees,
@@ -270,25 +270,29 @@ def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | No
         folder: Where the files go (created if missing).
         strategy: Its strategy (default: the model's ``distribute_strategy``).
 
+    Returns:
+        The path of the file this worker wrote, or ``None`` when none was needed.
+
     Raises:
         OSError: If this worker, or another, could not write its file.
     """
     strategy = strategy or model.distribute_strategy
     if strategy is None or strategy.num_replicas_in_sync == 1:
-        return
+        return None
     gatherer = _gatherer(model, strategy)
     selection = gatherer.differing()
     if not selection:
-        return
+        return None
     total = strategy.num_replicas_in_sync
     error: OSError | None = None
+    path = None
     try:
         own = {}
         for i in selection:
             place, variable = gatherer.places[i]
             own[place] = np.stack([np.asarray(copy) for copy in
                                    strategy.experimental_local_results(_components(variable))])
-        write_own(folder, gatherer.replica_ids(), total, own)
+        path = write_own(folder, gatherer.replica_ids(), total, own)
     except OSError as e:
         error = e
     written = gatherer.count(error is None)
@@ -297,6 +301,7 @@ def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | No
     if written < total:
         raise OSError(f"the workers of {total - written} of the {total} replicas could not "
                       f"write their copies to {folder}")
+    return path
 
 
 def write_own(folder: str, replica_ids: list[int], total: int,

@@ -108,6 +108,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.resume_step = 0
         self._resume_metrics: list[np.ndarray] = []
         self._began = False
+        #: The files of ``directory`` this worker wrote at the last save that another
+        #: worker's folder does not hold (its replicas' copies), as paths relative to
+        #: ``directory``: what a worker with a folder of its own must hand on (Ray Train
+        #: merges every worker's reported files into one checkpoint).
+        self.written_by_this_worker: list[str] = []
 
     def _parts(self, metric_variables: list | None = None) -> dict[str, Any]:
         # Keras 3 models expose no checkpoint dependencies of their own; their variables
@@ -222,7 +227,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
         path = self._replica_copies_path(name)
         if self._chief:  # What a failed save of this number left (before any worker writes).
             shutil.rmtree(path, ignore_errors=True)
-        replica_copies.write(self._model, path, self._strategy)
+        written = replica_copies.write(self._model, path, self._strategy)
+        self.written_by_this_worker = (
+            [os.path.relpath(written, self.directory)] if written else [])
 
     def _prune_replica_copies(self) -> None:
         """Removes the copies of checkpoints the manager no longer keeps."""
@@ -345,7 +352,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 f"{self._write_dir} "
                 f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
                 "make it writable) and run again to resume.") from None
-        preemption.saved(self.describe(epochs, steps), (epochs, steps))
+        preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
         if self._chief:
             protocol.record_progress(self.directory, saved=(epochs, steps))
             if steps:
