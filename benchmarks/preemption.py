@@ -58,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
     from tfpar.cluster import preemption
 
     # As tfpar-train does: notices watched for the whole program, which ends at once once saved.
-    preemption.watch_signals(preemption.notice_signals("SIGUSR1"), exit_process=True)
+    preemption.NOTICE.watch(preemption.notice_signals("SIGUSR1"), exit_process=True)
     config = training.TrainConfig(strategy="mirrored", model=args.model, dataset="digits",
                                   batch_size=args.batch_size, epochs=3, verbose=0,
                                   steps_per_execution=args.steps_per_execution,

@@ -67,7 +67,7 @@ class PreemptedRunTest(testing.StrategyTestCase):
 
     def setUp(self):
         super().setUp()
-        self.addCleanup(preemption.reset)  # No grace budget outlives a test.
+        self.addCleanup(preemption.NOTICE.reset)  # No grace budget outlives a test.
 
     def preempt_and_resume(self, config, signal_at, devices=2, during=contextlib.nullcontext):
         """Trains ``config`` without and with a notice (``signal_at``, or ``during()`` around
@@ -79,7 +79,7 @@ class PreemptedRunTest(testing.StrategyTestCase):
         with self.assertRaises(preemption.Preempted) as stopped, during():
             training.train_on_devices(parts, devices, splits, callbacks=[signal_at])
         self.assertEqual(stopped.exception.code, preemption.PREEMPTED_EXIT_STATUS)
-        preemption.reset()
+        preemption.NOTICE.reset()
         resumed = training.train_on_devices(parts, devices, splits)
         run = training_run.run_folder("", config.strategy.name, devices)
         expected = checkpoint_values(os.path.join(base, "whole", run))
@@ -175,7 +175,7 @@ class PreemptedRunTest(testing.StrategyTestCase):
                                       batch_size=8, verbose=0, model_dir=self.get_temp_dir())
         with self.assertRaises(preemption.Preempted):
             training.train_on_devices(config, 1, small_splits(), callbacks=[SignalAt(1, 3)])
-        preemption.reset()
+        preemption.NOTICE.reset()
         with mock.patch.object(keras_fixes, "skip_reason", lambda: "TFPAR_KERAS_FIXES=off"), \
                 self.assertRaisesRegex(Exception, r"was saved at step 4 of epoch 1; resuming "
                                                   r"inside an epoch needs tfpar's fix of Keras's "
@@ -203,7 +203,7 @@ class UsersFitTest(testing.StrategyTestCase):
 
     def setUp(self):
         super().setUp()
-        self.addCleanup(preemption.reset)
+        self.addCleanup(preemption.NOTICE.reset)
 
     @parameterized.parameters("mirrored", "allreduce")
     def test_save_on_preemption_under_plain_fit(self, entry):
@@ -227,7 +227,7 @@ class UsersFitTest(testing.StrategyTestCase):
         with self.assertRaises(preemption.Preempted) as stopped:  # During validation.
             fit(os.path.join(base, "parts"), SignalAt(1, in_test=True, signum=signal.SIGTERM))
         self.assertIn("state saved at epoch 2 step 1 in ", stopped.exception.message)
-        preemption.reset()
+        preemption.NOTICE.reset()
         resumed, history = fit(os.path.join(base, "parts"))
         for expected, actual in zip(whole.get_weights(), resumed.get_weights()):
             self.assertAllClose(expected, actual, rtol=1e-6, atol=1e-7)

@@ -15,6 +15,7 @@ from tfpar.cluster.restart_policy import Outcome
 from tfpar.cluster.restart_policy import Progress
 from tfpar.cluster.restart_policy import RoundResult
 from tfpar.cluster.restart_policy import decide
+from tfpar.cluster.restart_policy import growth_due
 from tfpar.cluster.restart_policy import notice_status
 
 DIR = "/state"
@@ -46,6 +47,7 @@ class Row:
     line: str | None
     running: list | None = None  # The next round's slots.
     failures: int | None = None
+    port_attempts: int | None = None
 
 
 TABLE = {
@@ -105,10 +107,28 @@ TABLE = {
         "lost (tried again after epoch 3 or at a restart); going on with 3 workers of 4 (at "
         "least 2) at the same global batch, resuming from epoch 2 in /state.", [0, 1, 2], 0),
     "the_slot_a_peer_blamed_is_the_one_lost": Row(
-        RoundResult(Outcome.FAILED, 69, 2), SAVED, elastic_job(2, 3), Action.START, 0,
+        RoundResult(Outcome.FAILED, 69, 0, unresponsive=(2,)), SAVED, elastic_job(2, 3),
+        Action.START, 0,
         "launcher: the restarts at 3 workers are used up (0 of 0): slot 2 is lost (tried again "
         "after epoch 3 or at a restart); going on with 2 workers of 3 (at least 2) at the same "
         "global batch, resuming from epoch 2 in /state.", [0, 1], 0),
+    "a_record_naming_a_peer_without_its_status_blames_the_failed_worker": Row(
+        RoundResult(Outcome.FAILED, 1, 0, unresponsive=(2,)), SAVED, elastic_job(2, 3),
+        Action.START, 0, "launcher: the restarts at 3 workers are used up (0 of 0): slot 0 is "
+        "lost (tried again after epoch 3 or at a restart); going on with 2 workers of 3 (at "
+        "least 2) at the same global batch, resuming from epoch 2 in /state.", [1, 2], 0),
+    "a_port_taken_starts_again_with_new_ports_not_a_failure": Row(
+        RoundResult(Outcome.FAILED, 75, 1), SAVED, fixed(max_restarts=1), Action.START, 0,
+        "launcher: a worker's port was taken by another program; starting again with new "
+        "ports (attempt 2 of 3).", [0, 1], 0, port_attempts=1),
+    "a_port_taken_a_third_time_in_a_row_is_a_failure": Row(
+        RoundResult(Outcome.FAILED, 75, 1), SAVED, dataclasses.replace(
+            fixed(max_restarts=1), port_attempts=2), Action.START, 0,
+        "launcher: restart 1 of 1: starting every worker again, resuming from epoch 2 in "
+        "/state.", [0, 1], 1, port_attempts=0),
+    "a_port_taken_a_third_time_without_restarts_exits": Row(
+        RoundResult(Outcome.FAILED, 75, 0), SAVED, dataclasses.replace(
+            fixed(), port_attempts=2), Action.EXIT, 75, None),
     "below_the_minimum": Row(
         RoundResult(Outcome.FAILED, 1, 1), SAVED, elastic_job(2, 3, max_restarts=1, failures=1,
                                                              lost=(2,), next_try=3),
@@ -152,9 +172,22 @@ class RestartPolicyTest(parameterized.TestCase):
             self.assertEqual(decision.state.slots.running, row.running)
         if row.failures is not None:
             self.assertEqual(decision.state.failures, row.failures)
+        if row.port_attempts is not None:
+            self.assertEqual(decision.state.port_attempts, row.port_attempts)
         # Pure: the bookkeeping it was given is unchanged.
         self.assertEqual(row.state, before)
         self.assertEqual(row.state.slots.running, running_before)
+
+    @parameterized.named_parameters(
+        ("nothing_lost", Progress((1, 0), (3, 0)), (), 0, None),
+        ("an_epoch_saved_at_the_next_try", Progress((1, 0), (3, 0)), (2,), 3, "epoch 3 is saved"),
+        ("before_the_next_try", Progress((1, 0), (2, 0)), (2,), 3, None),
+        ("nothing_saved_this_round", Progress((3, 0), (3, 0)), (2,), 3, None),
+        ("inside_an_epoch_past_the_try", Progress((3, 0), (3, 7)), (2,), 3, None),
+        ("no_record_yet", Progress(), (2,), 0, None))
+    def test_when_a_shrunk_job_grows(self, progress, lost, next_try, expected):
+        state = elastic_job(2, 3, lost=lost, next_try=next_try)
+        self.assertEqual(growth_due(progress, state.slots), expected)
 
     def test_the_whole_table_takes_well_under_a_second(self):
         start = time.process_time()  # CPU time: a loaded machine does not count.

@@ -141,16 +141,18 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
 class SecondNoticeTest(tf.test.TestCase):
 
     def test_a_notice_while_the_notices_are_being_reset_never_blocks(self):
-        # The main thread holds the notices' lock (as reset() does) when a notice arrives: its
-        # handler must not wait for the lock it interrupted.
+        # The main thread holds the notice's lock (as reset() does) when a notice arrives: the
+        # handler that interrupts it must not wait for that lock (it only records), and the
+        # notice is handled once the lock is free.
         code = textwrap.dedent("""
-            import os, signal
+            import os, signal, time
             from tfpar.cluster import preemption
-            preemption.watch_signals([signal.SIGTERM], 20)
-            with preemption._notices.lock:
+            preemption.NOTICE.watch([signal.SIGTERM], 20)
+            with preemption.NOTICE._lock:
                 os.kill(os.getpid(), signal.SIGTERM)
                 for _ in range(1000):  # The handler runs here, between two bytecodes.
                     pass
+            time.sleep(30)
             """)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=60)

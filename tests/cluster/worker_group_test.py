@@ -51,11 +51,19 @@ class WorkerGroupTest(tf.test.TestCase):
         self.assertEqual((result.outcome, result.status, result.rank), (Outcome.FAILED, 3, 1))
         self.assertIn("launcher: worker 1 exited with 3; stopped the other workers.", output)
 
-    def test_the_worker_a_stop_record_names_is_the_one_blamed(self):
+    def test_the_worker_a_stop_record_names_is_reported_and_blamed(self):
         result, output = self.run_round("blame1", "sleep")
-        self.assertEqual((result.outcome, result.status, result.rank),
-                         (Outcome.FAILED, 69, 1))
-        self.assertIn("(worker 1 stopped answering)", output)
+        self.assertEqual((result.outcome, result.status, result.rank, result.unresponsive),
+                         (Outcome.FAILED, 69, 0, (1,)))
+        self.assertEqual(result.blamed, 1)
+        self.assertIn("launcher: worker 0 exited with 69 (worker 1 stopped answering); stopped "
+                      "the other workers.", output)
+
+    def test_a_taken_port_is_reported_not_retried(self):
+        # New ports are the restart policy's decision; the round only reports the status.
+        result, output = self.run_round("75", "sleep")
+        self.assertEqual((result.outcome, result.status, result.rank), (Outcome.FAILED, 75, 0))
+        self.assertEqual(output.count("listen on every network interface"), 1)
 
     def test_a_preempted_worker_leaves_the_others_to_finish(self):
         result, _ = self.run_round(str(int(ExitStatus.PREEMPTED)), "0")

@@ -166,7 +166,7 @@ class ExactResumeCase(testing.StrategyTestCase):
 
     def setUp(self):
         super().setUp()
-        self.addCleanup(preemption.reset)
+        self.addCleanup(preemption.NOTICE.reset)
 
     def fit(self, entry: str, model_name: str, folder: str, *extra, interruption: str,
             options: dict | None = None, steps_per_execution: int = 1,
@@ -219,7 +219,7 @@ class ExactResumeCase(testing.StrategyTestCase):
             stop = min((notice_after + 1) * steps_per_execution, 5)
             where = "the end of epoch 2" if stop == 5 else f"epoch 2 step {stop}"
             self.assertIn(f"state saved at {where}", stopped.exception.message)
-            preemption.reset()
+            preemption.NOTICE.reset()
         else:  # Saved after step 6 (epoch 2 step 1), killed after step 8.
             with self.assertRaisesRegex(RuntimeError, "killed"):
                 self.fit(entry, model_name, parts, CrashAt(8), **kwargs)

@@ -68,10 +68,10 @@ class SaveOnPreemption(keras.callbacks.Callback):
         tasks = [(job, i) for job in sorted(spec.jobs) for i in spec.task_indices(job)]
         task = (tasks.index((resolver.task_type, resolver.task_id))
                 if resolver is not None and resolver.task_type else 0)
-        self._stop = preemption.StopStep(str(next(_runs)), task, max(1, len(tasks)))
+        self._stop = preemption.NOTICE.stop_step(str(next(_runs)), task, max(1, len(tasks)))
         self._steps, self._at_epoch_end, self._saved_before = 0, False, None
-        self._watching = preemption.watch_signals(self.signals, self.grace_seconds)
-        preemption.training(True)
+        preemption.NOTICE.training(True)  # First: a notice from the watch on stops at a step.
+        self._watching = preemption.NOTICE.watch(self.signals, self.grace_seconds)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._at_epoch_end:
@@ -113,9 +113,9 @@ class SaveOnPreemption(keras.callbacks.Callback):
         if self._stop is not None:
             self._stop.finish()
             self._stop = None
-            preemption.training(False)
+            preemption.NOTICE.training(False)
         if self._watching:
-            preemption.unwatch_signals()
+            preemption.NOTICE.unwatch()
             self._watching = False
 
     def _save_inside_epoch(self, epoch: int, steps: int) -> None:
@@ -123,7 +123,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
             self.checkpoint.save_inside_epoch(epoch, steps)
 
     def _raise_preempted(self, epoch: int, steps: int, saved: bool = False) -> None:
-        name = preemption.notice_name() or "a peer's notice"
+        name = preemption.NOTICE.signal_name or "a peer's notice"
         if steps:
             where = f"epoch {epoch + 1} step {steps}"
         else:
@@ -135,14 +135,14 @@ class SaveOnPreemption(keras.callbacks.Callback):
         else:
             said = f"state saved at {self.checkpoint.describe(epoch, steps)}"
         self._end()  # After the save: a second notice during it only records itself.
-        after = (f", {preemption.seconds_since_notice():.1f} s after the notice"
-                 if preemption.noticed() else "")
-        stop = preemption.stopping(
+        after = (f", {preemption.NOTICE.seconds_since():.1f} s after the notice"
+                 if preemption.NOTICE.arrived else "")
+        stop = preemption.NOTICE.stop(
             f"Preempted ({name}): {said}{after}; run the same command to resume.")
-        exit_process = (preemption.exits_process() if self.exit_process is None
+        exit_process = (preemption.NOTICE.exits_process if self.exit_process is None
                         else self.exit_process)
         if exit_process:
-            preemption.exit_now(self._leave_last)
+            preemption.NOTICE.exit(self._leave_last)
         raise stop
 
     def _leave_last(self) -> None:

@@ -60,7 +60,7 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         # SIGTERM stops the program as Ctrl-C does (files are written atomically, so only
         # complete results and checkpoints are left behind), unless it is watched as a
         # preemption notice (tfpar.cluster.preemption: every program from run_main's start).
-        previous = (None if preemption.watching(signal.SIGTERM)
+        previous = (None if preemption.NOTICE.watching(signal.SIGTERM)
                     else signal_router.install({signal.SIGTERM: _raise_keyboard_interrupt}))
         _end_if_stuck_after_signal()
         _running.set()
@@ -160,7 +160,7 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     # before training it ends the program with the preempted status and its stop record, not
     # as an interruption (130), which a scheduler does not requeue. The train command narrows
     # the signals to its --preemption_signal once its flags are read.
-    preemption.watch_signals(preemption.notice_signals(preemption.DEFAULT_NOTICE_SIGNAL),
+    preemption.NOTICE.watch(preemption.notice_signals(preemption.DEFAULT_NOTICE_SIGNAL),
                              exit_process=True)
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)

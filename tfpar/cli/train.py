@@ -121,12 +121,12 @@ def main(argv: list[str]) -> None:
     config, device_sets = config_from_flags()
     # A notice from here on stops the program with the preempted status: at once before and
     # after training, at the job's agreed step during it (saving the state with --model_dir).
-    preemption.watch_signals(preemption.notice_signals(config.preemption_signal),
+    preemption.NOTICE.watch(preemption.notice_signals(config.preemption_signal),
                              config.preemption_grace_seconds, exit_process=True)
     try:
         _train_and_report(config, device_sets)
     finally:  # A process that runs main and goes on (a test) gets its handlers back.
-        preemption.unwatch_signals()
+        preemption.NOTICE.unwatch()
 
 
 def _train_and_report(config: config_lib.TrainConfig, device_sets: list) -> None:

@@ -63,6 +63,7 @@ from tfpar.cluster.restart_policy import Outcome
 from tfpar.cluster.restart_policy import Progress
 from tfpar.cluster.restart_policy import RoundResult
 from tfpar.cluster.restart_policy import decide
+from tfpar.cluster.restart_policy import growth_due
 from tfpar.cluster.worker_group import NOTICES
 from tfpar.cluster.worker_group import SignalTaken
 from tfpar.cluster.worker_group import WorkerGroup
@@ -188,6 +189,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     # Signals are the launcher's from its first instant: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
+    # A launcher program's notices (watched from its first instant: one before here ends it
+    # with the preempted status) are passed on to the workers from here.
+    handed_over = contextlib.ExitStack()
+    handed_over.enter_context(preemption.NOTICE.handed_over())
     records = ""
     try:
         model_dir = model_dir_of(command)
@@ -238,6 +243,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             shutil.rmtree(records, ignore_errors=True)
         if subscribed:
             signal_router.unsubscribe()
+        handed_over.close()
 
 
 def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
@@ -259,23 +265,12 @@ def progress_of(record: protocol.ProgressRecord | None) -> Progress:
 
 def _growth_due(slots: elastic.WorkerSlots, progress: str
                 ) -> Callable[[], str | None] | None:
-    """While slots are lost: a check of whether the job has reached the epoch boundary at which
-    they are tried again (an epoch saved during this round, at or past the slots' next try, as
-    the chief's progress record at ``progress`` says), which returns that boundary in words;
-    else ``None``."""
+    """While slots are lost: the round's check of whether the job should grow now
+    (:func:`~tfpar.cluster.restart_policy.growth_due` of the chief's progress record at
+    ``progress``); else ``None``."""
     if not slots.lost:
         return None
-
-    def due() -> str | None:
-        now = progress_of(protocol.ProgressRecord.read(progress))
-        if now.before is None or now.after is None:
-            return None
-        epochs = now.after[0]
-        if epochs > now.before[0] and epochs >= slots.next_try_epochs:
-            return f"epoch {epochs} is saved"
-        return None
-
-    return due
+    return lambda: growth_due(progress_of(protocol.ProgressRecord.read(progress)), slots)
 
 
 def worker_counts(command: Sequence[str], minimum: int, maximum: int,

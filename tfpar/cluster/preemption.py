@@ -1,12 +1,13 @@
-"""Preemption notices: the signal a scheduler sends before it ends a job, and the step at which
-every worker of the job stops.
+"""Preemption notices, from the signal to the exit: :class:`Notice` (one per process,
+:data:`NOTICE`) and the step at which every worker of the job stops (:class:`StopStep`).
 
 Slurm sends SIGTERM (or the signal of ``--signal``) before a time limit or a preemption and
 SIGKILL some seconds later; Kubernetes sends SIGTERM and kills after the pod's
 ``terminationGracePeriodSeconds``; spot machines give a notice of seconds to minutes. A notice
-here is one of the signals :func:`watch_signals` was given. Its handler only records it (so the
-step in progress finishes), and a *grace budget* starts: if the process has not ended within
-it, it ends with one line saying the last complete state is where a rerun resumes.
+here is one of the signals :meth:`Notice.watch` was given. The signal router's handler only
+records it (so the step in progress finishes), and a *grace budget* starts: if the process has
+not ended within it, it ends with one line saying the last complete state is where a rerun
+resumes. Outside training a notice ends the process at once (nothing is in flight to save).
 
 A job's workers must stop at the same step, or the ones that go on wait for ever in the next
 step's collective. The first worker that sees a notice at a step boundary, after ``n`` steps
@@ -30,8 +31,11 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import Any
 
 from absl import logging
 
@@ -94,213 +98,231 @@ def check_grace_seconds(seconds: float) -> None:
                           f"{seconds!r}.", argument="preemption_grace_seconds")
 
 
-class _Notices:
-    """The process's notices: what arrived, when, and the grace budget's end (one per process,
-    as signal handlers are)."""
+class Notice:
+    """A process's preemption notice, from its signal to the process's exit: the one place it
+    is handled.
+
+    Its life: :meth:`watch` makes signals notices (the signal router's handler does nothing
+    in the main thread); a notice's arrival reaches :meth:`arrive` from the router's thread at once,
+    even while the main thread is inside TensorFlow, and starts the grace budget. Outside a
+    training loop the process then ends at once (its line, its stop record, the preempted
+    status): nothing is in flight to save. Inside one (:meth:`training`), the loop's
+    :class:`StopStep` agrees with the other workers on the step to stop after
+    (:meth:`stop_step`), the state is saved there and reported (:meth:`saved`), and the loop
+    ends the process (:meth:`stop`, then :meth:`exit` or raising :class:`Preempted`). If the
+    budget runs out first, the process ends saying which saved state is intact.
+
+    There is one per process, :data:`NOTICE`, as there is one handler per signal.
+    """
 
     def __init__(self):
-        self.signals: tuple[signal.Signals, ...] = ()
-        self.grace_seconds = DEFAULT_GRACE_SECONDS
-        self.arrived = threading.Event()
-        self.name = ""  # The first notice's signal name.
-        self.arrived_at = 0.0  # time.monotonic() of the first notice.
-        self.stopping = threading.Event()  # The process said why it stops; the budget is quiet.
-        self.last_saved: str | None = None  # The last complete state, in words.
-        self.last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
-        self.training = 0  # Training loops under way that will stop at a step boundary.
-        # Each watch_signals: the signals and budget before it, and the handlers it replaced.
-        self.watches: list[tuple[tuple[signal.Signals, ...], float, dict, bool]] = []
-        self.exit_process = False  # See watch_signals.
-        self.listening = False  # Arrivals reach record() through the signal router.
-        self.lock = threading.Lock()
-        self.generation = 0  # Counts resets: a budget started before one ends nothing.
+        self._signals: tuple[signal.Signals, ...] = ()
+        self._grace_seconds = DEFAULT_GRACE_SECONDS
+        self._arrived = threading.Event()
+        self._name = ""  # The first notice's signal name.
+        self._arrived_at = 0.0  # time.monotonic() of the first notice.
+        self._stopping = threading.Event()  # The process said why it stops; the budget is quiet.
+        self._last_saved: str | None = None  # The last complete state, in words.
+        self._last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
+        self._training = 0  # Training loops under way that will stop at a step boundary.
+        # Each watch: the signals, budget and exit choice before it, and whether it subscribed.
+        self._watches: list[tuple[tuple[signal.Signals, ...], float, bool, bool]] = []
+        self._exit_process = False  # See watch.
+        self._listening = False  # Arrivals reach arrive() through the signal router.
+        self._lock = threading.Lock()
+        self._generation = 0  # Counts resets: a budget started before one ends nothing.
 
-    def reset(self) -> None:
-        with self.lock:
-            self.generation += 1
-            self.arrived.clear()
-            self.stopping.clear()
-            self.name, self.arrived_at, self.last_saved = "", 0.0, None
-            self.last_position = None
+    def watch(self, signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS, *,
+              exit_process: bool | None = None) -> bool:
+        """Treats ``signals`` as preemption notices in this process until the matching
+        :meth:`unwatch`. Calls nest: the innermost signals and budget apply.
 
-    def record(self, signum: int, blocking: bool = True) -> None:
-        """Called from the signal's arrival (any thread): records the first notice and starts
-        the grace budget. From a signal handler (``blocking=False``) it never waits for the
-        lock: the main thread may hold it where the handler interrupted it, and the router's
-        thread records the same arrival anyway."""
-        if not self.lock.acquire(blocking=blocking):
+        Args:
+            signals: The notice signals, e.g. ``notice_signals("SIGUSR1")``.
+            grace_seconds: Seconds from a notice to the end of the process at the latest.
+            exit_process: After training stopped and saved for a notice, end the process at
+                once (a program such as ``tfpar-train``) rather than raise
+                :class:`Preempted`; ``None`` keeps what an outer watch chose (raise, by
+                default).
+
+        Returns:
+            Whether the signals are watched: handlers can be set in the main thread only
+            (elsewhere, e.g. in a Ray worker's training thread, this logs why and does
+            nothing).
+        """
+        check_grace_seconds(grace_seconds)
+        if not signal_router.in_main_thread():
+            logging.info("Preemption notices are not watched: signal handlers can be set in "
+                         "the main thread only.")
+            return False
+        if not self._listening:
+            signal_router.on_arrival(self.arrive)
+            self._listening = True
+        self._watches.append((self._signals, self._grace_seconds, self._exit_process,
+                              signal_router.subscribe(signals, record=False)))
+        if exit_process is not None:
+            self._exit_process = exit_process
+        self._grace_seconds = float(grace_seconds)
+        self._signals = tuple(signal.Signals(s) for s in signals)
+        return True
+
+    def unwatch(self) -> None:
+        """Ends the innermost :meth:`watch`: its signals get back their handlers."""
+        if not signal_router.in_main_thread() or not self._watches:
             return
+        (self._signals, self._grace_seconds, self._exit_process,
+         subscribed) = self._watches.pop()
+        if subscribed:
+            signal_router.unsubscribe()
+
+    @contextlib.contextmanager
+    def handed_over(self) -> Iterator[None]:
+        """Inside, the caller takes this process's notice signals itself (a launcher, which
+        passes them on to its workers): an arrival is not a notice here. Enter it once the
+        caller's own handlers are set (:func:`~tfpar.cluster.signal_router.subscribe`), so
+        that no notice falls between the two."""
+        signals, self._signals = self._signals, ()
         try:
-            if self.arrived.is_set():
-                return
-            self.name = signal.Signals(signum).name
-            self.arrived_at = time.monotonic()
-            self.arrived.set()
-            generation = self.generation
+            yield
         finally:
-            self.lock.release()
+            self._signals = signals
+
+    def watching(self, signum: int) -> bool:
+        """Whether ``signum`` is a notice this process watches now."""
+        return signum in self._signals
+
+    def training(self, active: bool) -> None:
+        """Marks the start (``True``) or end (``False``) of a training loop that stops at a
+        step boundary after a notice: inside one, a notice only records itself (the loop's
+        :class:`StopStep` acts on it)."""
+        self._training += 1 if active else -1
+
+    def arrive(self, signum: int) -> None:
+        """A signal arrived (called from the signal router's thread, or by a test): a notice
+        is recorded and its grace budget starts; outside training the process ends here."""
+        if signum not in self._signals:
+            return
+        with self._lock:
+            if self._arrived.is_set():
+                return
+            self._name = signal.Signals(signum).name
+            self._arrived_at = time.monotonic()
+            self._arrived.set()
+            generation = self._generation
         threading.Thread(target=self._end_when_budget_is_spent, args=(generation,),
                          name="tfpar-preemption-budget", daemon=True).start()
+        if not self._training:  # No training loop will stop at a step: stop here.
+            saved = (f"{self._last_saved} is where a rerun resumes" if self._last_saved else
+                     "no training step had run since the start, so nothing new was to be "
+                     "saved")
+            self.stop(f"Preempted ({self._name}) outside training: {saved}.")
+            self.exit()
+
+    @property
+    def arrived(self) -> bool:
+        """Whether a notice has arrived in this process."""
+        return self._arrived.is_set()
+
+    @property
+    def signal_name(self) -> str:
+        """The first notice's signal name (``""`` before any)."""
+        return self._name
+
+    def seconds_since(self) -> float:
+        """Seconds since the first notice (0 before any)."""
+        return time.monotonic() - self._arrived_at if self.arrived else 0.0
 
     def seconds_left(self) -> float:
-        return max(0.0, self.arrived_at + self.grace_seconds - time.monotonic())
+        """Seconds left of the grace budget (the whole budget before a notice)."""
+        if not self.arrived:
+            return self._grace_seconds
+        return max(0.0, self._arrived_at + self._grace_seconds - time.monotonic())
+
+    def stop_step(self, run: str, task: int = 0, num_workers: int = 1) -> StopStep:
+        """The step a training loop's workers stop after on a notice (see :class:`StopStep`)."""
+        return StopStep(run, task, num_workers, notice=self)
+
+    def saved(self, description: str, position: tuple[int, int] | None = None) -> None:
+        """Records the last complete state, in words (``"epoch 2 step 17 in DIR"``) and as
+        ``(epochs finished, steps of the next epoch)``, for the line the grace budget prints
+        if the process must end before the next save is done, and for its stop record."""
+        self._last_saved, self._last_position = description, position
+
+    def stop(self, message: str) -> Preempted:
+        """Prints ``message`` (the process's one line), records the stop for a launcher
+        (:func:`tfpar.cluster.protocol.record_stop`) and returns the exception to raise."""
+        self._stopping.set()
+        print(message, file=sys.stderr, flush=True)
+        protocol.record_stop(PREEMPTED_EXIT_STATUS, message, position=self._last_position)
+        return Preempted(message)
+
+    @property
+    def exits_process(self) -> bool:
+        """Whether the program watching the notices asked to end the process at once after a
+        preemption's save (:meth:`watch`'s ``exit_process``), rather than raise."""
+        return self._exit_process
+
+    def exit(self, before: Callable[[], object] | None = None) -> None:
+        """Ends the process at once with :data:`PREEMPTED_EXIT_STATUS`, after ``before()``
+        (e.g. the chief waiting for its peers to leave) and flushing standard output and error.
+
+        Unwinding ``fit`` instead (raising :class:`Preempted`) frees its input iterators in the
+        main thread, where TensorFlow can wait tens of seconds for their threads (seen: 40 s
+        with ResNet-18), past a scheduler's grace period; the state is saved already.
+        """
+        try:
+            if before is not None:
+                before()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(PREEMPTED_EXIT_STATUS)
+
+    def reset(self) -> None:
+        """Forgets the notice and cancels its grace budget, for a process that handled
+        :class:`Preempted` and goes on (a test, a notebook)."""
+        with self._lock:
+            self._generation += 1
+            self._arrived.clear()
+            self._stopping.clear()
+            self._name, self._arrived_at, self._last_saved = "", 0.0, None
+            self._last_position = None
 
     def _end_when_budget_is_spent(self, generation: int) -> None:
         time.sleep(self.seconds_left())
-        if generation != self.generation:  # Forgotten (reset) since.
+        if generation != self._generation:  # Forgotten (reset) since.
             return
-        if not self.stopping.is_set():
-            saved = (f"{self.last_saved} is intact and is where a rerun resumes"
-                     if self.last_saved else "nothing was saved before")
-            line = (f"Preempted ({self.name}): the state could not be saved within the "
-                    f"{self.grace_seconds:g} s grace budget; {saved}.")
+        if not self._stopping.is_set():
+            saved = (f"{self._last_saved} is intact and is where a rerun resumes"
+                     if self._last_saved else "nothing was saved before")
+            line = (f"Preempted ({self._name}): the state could not be saved within the "
+                    f"{self._grace_seconds:g} s grace budget; {saved}.")
             print(line, file=sys.stderr, flush=True)
-            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self.last_position,
+            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self._last_position,
                                  work_lost=True)
         os._exit(PREEMPTED_EXIT_STATUS)
 
 
-_notices = _Notices()
+NOTICE = Notice()
+"""This process's preemption notice (see :class:`Notice`)."""
+
+# The module's functions before the notice was one object: name -> the Notice member now.
+_MOVED = {"watch_signals": "watch", "unwatch_signals": "unwatch", "watching": "watching",
+          "reset": "reset", "noticed": "arrived", "notice_name": "signal_name",
+          "seconds_since_notice": "seconds_since", "saved": "saved", "stopping": "stop",
+          "exit_now": "exit", "exits_process": "exits_process",
+          "training": "training"}
 
 
-def _on_signal(signum, frame):
-    """The Python-level handler of a notice signal (runs in the main thread). It never blocks
-    (see :meth:`_Notices.record`)."""
-    _notices.record(signum, blocking=False)
-    if not _notices.training:  # No training loop will stop at a step: stop here.
-        saved = (f"{_notices.last_saved} is where a rerun resumes" if _notices.last_saved
-                 else "no training step had run since the start, so nothing new was to be saved")
-        name = _notices.name or signal.Signals(signum).name
-        raise stopping(f"Preempted ({name}) outside training: {saved}.")
-
-
-def _on_arrival(signum: int) -> None:
-    """Learns of every notice as it arrives, from the signal router's thread, even while the
-    main thread is inside TensorFlow (where Python handlers wait)."""
-    if signum in _notices.signals:
-        _notices.record(signum)
-
-
-def _start_listening() -> None:
-    if not _notices.listening:
-        signal_router.on_arrival(_on_arrival)
-        _notices.listening = True
-
-
-def watch_signals(signals: Sequence[int], grace_seconds: float = DEFAULT_GRACE_SECONDS, *,
-                  exit_process: bool | None = None) -> bool:
-    """Treats ``signals`` as preemption notices in this process (see the module docstring).
-
-    Until the matching :func:`unwatch_signals`, a notice outside a training loop stops the
-    process at once (:class:`Preempted`); inside one (see :func:`training`), at a step
-    boundary. Calls nest: the innermost signals and budget apply.
-
-    Args:
-        signals: The notice signals, e.g. ``notice_signals("SIGUSR1")``.
-        grace_seconds: Seconds from a notice to the end of the process at the latest.
-        exit_process: After training stopped and saved for a notice, end the process at once
-            (a program such as ``tfpar-train``) rather than raise :class:`Preempted`; ``None``
-            keeps what an outer watch chose (raise, by default).
-
-    Returns:
-        Whether the signals are watched: handlers can be set in the main thread only
-        (elsewhere, e.g. in a Ray worker's training thread, this logs why and does nothing).
-    """
-    check_grace_seconds(grace_seconds)
-    if threading.current_thread() is not threading.main_thread():
-        logging.info("Preemption notices are not watched: signal handlers can be set in the "
-                     "main thread only.")
-        return False
-    _start_listening()
-    _notices.watches.append((_notices.signals, _notices.grace_seconds,
-                             signal_router.install({s: _on_signal for s in signals}),
-                             _notices.exit_process))
-    if exit_process is not None:
-        _notices.exit_process = exit_process
-    _notices.grace_seconds = float(grace_seconds)
-    _notices.signals = tuple(signal.Signals(s) for s in signals)
-    return True
-
-
-def unwatch_signals() -> None:
-    """Ends the innermost :func:`watch_signals`: its signals get back their handlers."""
-    if threading.current_thread() is not threading.main_thread() or not _notices.watches:
-        return
-    (_notices.signals, _notices.grace_seconds, previous,
-     _notices.exit_process) = _notices.watches.pop()
-    signal_router.install(previous)
-
-
-def watching(signum: int) -> bool:
-    """Whether ``signum`` is a notice this process watches now."""
-    return signum in _notices.signals
-
-
-def reset() -> None:
-    """Forgets the notice and cancels its grace budget, for a process that handled
-    :class:`Preempted` and goes on (a test, a notebook)."""
-    _notices.reset()
-
-
-def noticed() -> bool:
-    """Whether a preemption notice has arrived in this process."""
-    return _notices.arrived.is_set()
-
-
-def notice_name() -> str:
-    """The first notice's signal name (``""`` before any)."""
-    return _notices.name
-
-
-def seconds_since_notice() -> float:
-    """Seconds since the first notice (0 before any)."""
-    return time.monotonic() - _notices.arrived_at if noticed() else 0.0
-
-
-def saved(description: str, position: tuple[int, int] | None = None) -> None:
-    """Records the last complete state, in words (``"epoch 2 step 17 in DIR"``) and as
-    ``(epochs finished, steps of the next epoch)``, for the line the grace budget prints if the
-    process must end before the next save is done, and for the process's stop record."""
-    _notices.last_saved, _notices.last_position = description, position
-
-
-def stopping(message: str) -> Preempted:
-    """Prints ``message`` (the process's one line), records the stop for a launcher
-    (:func:`tfpar.cluster.protocol.record_stop`) and returns the exception to raise."""
-    _notices.stopping.set()
-    print(message, file=sys.stderr, flush=True)
-    protocol.record_stop(PREEMPTED_EXIT_STATUS, message, position=_notices.last_position)
-    return Preempted(message)
-
-
-def exit_now(before: Callable[[], object] | None = None) -> None:
-    """Ends the process at once with :data:`PREEMPTED_EXIT_STATUS`, after ``before()`` (e.g.
-    the chief waiting for its peers to leave) and flushing standard output and error.
-
-    Unwinding ``fit`` instead (raising :class:`Preempted`) frees its input iterators in the
-    main thread, where TensorFlow can wait tens of seconds for their threads (seen: 40 s with
-    ResNet-18), past a scheduler's grace period; the state is saved already.
-    """
-    try:
-        if before is not None:
-            before()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(PREEMPTED_EXIT_STATUS)
-
-
-def exits_process() -> bool:
-    """Whether the program watching the notices asked to end the process at once after a
-    preemption's save (:func:`watch_signals`'s ``exit_process``), rather than raise."""
-    return _notices.exit_process
-
-
-def training(active: bool) -> None:
-    """Marks the start (``True``) or end (``False``) of a training loop that stops at a step
-    boundary after a notice: inside one, a notice only records itself."""
-    _notices.training += 1 if active else -1
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"tfpar.cluster.preemption.{name} is deprecated and will be removed in "
+                      f"0.5.0: use tfpar.cluster.preemption.NOTICE.{_MOVED[name]}.",
+                      DeprecationWarning, stacklevel=2)
+        member = getattr(NOTICE, _MOVED[name])
+        return member if callable(member) else (lambda: getattr(NOTICE, _MOVED[name]))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StopStep:
@@ -312,9 +334,12 @@ class StopStep:
             the process (e.g. a count of runs), so runs never read each other's keys.
         task: This worker's index among ``num_workers`` (0 alone).
         num_workers: Worker processes of the job (1: no agreement needed).
+        notice: The notice it acts on (default: this process's, :data:`NOTICE`).
     """
 
-    def __init__(self, run: str, task: int = 0, num_workers: int = 1):
+    def __init__(self, run: str, task: int = 0, num_workers: int = 1,
+                 notice: Notice | None = None):
+        self._notice = notice or NOTICE
         self._key = f"{_KEY_PREFIX}/{run}/stop_after"
         self._ack = f"{_KEY_PREFIX}/{run}/acknowledged/"
         self._task, self._num_workers = task, num_workers
@@ -349,17 +374,17 @@ class StopStep:
             return self._stop_after
         if self._announced.is_set():
             self._stop_after = self._read(self._value)
-        elif noticed():
+        elif self._notice.arrived:
             if not self._coordinated:
                 self._stop_after = steps_done
             elif coordination_values.insert(self._key, str(steps_done + 1)):
                 for task in range(self._num_workers):
                     if coordination_values.wait_for(f"{self._ack}{task}",
-                                                    _notices.seconds_left() + 1) is None:
+                                                    self._notice.seconds_left() + 1) is None:
                         logging.warning("Worker %d did not acknowledge the stop step.", task)
                 self._stop_after = steps_done + 1
             else:  # Another worker announced first; this worker's watcher reads it.
-                self._announced.wait(_notices.seconds_left() + 1)
+                self._announced.wait(self._notice.seconds_left() + 1)
                 self._stop_after = self._read(self._value)
         return self._stop_after
 

@@ -1,13 +1,14 @@
 """What the launcher does after each round of workers: a pure function of what happened.
 
 A *round* is one start of the job's workers, until they all exited (:mod:`.worker_group`). Its
-:class:`RoundResult` (how it ended, the status, the worker it is about), the training position
-saved before and after it (:class:`Progress`) and the job's bookkeeping (:class:`JobState`:
-slots, failures so far, restarts allowed) decide the next step (:func:`decide`): exit with a
-status, or start another round, maybe with fewer workers (a slot lost) or more (lost slots
-rejoining). Each decision carries the one line the launcher prints for it, so the policy, its
-words and its tests live together, with no processes (its table test runs in well under a
-second).
+:class:`RoundResult` (how it ended, the status, the worker that stopped it and whom its record
+names), the training position saved before and after it (:class:`Progress`) and the job's
+bookkeeping (:class:`JobState`: slots, failures so far, restarts allowed, ports taken) decide
+the next step (:func:`decide`): exit with a status, or start another round, with new ports (a
+port taken), maybe with fewer workers (a slot lost) or more (lost slots rejoining, when
+:func:`growth_due` says so during a round). Each decision carries the one line the launcher
+prints for it, so the policy, its words and its tests live together, with no processes (its
+table test runs in well under a second).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class RoundResult:
         status: The job's status: the failed worker's (normalised: 128 + N after signal N);
             after a notice to the launcher, the preempted status when every worker saved (or
             finished), else the worst a worker ended with.
-        rank: The worker the result is about: the one that failed, or the one it found had
-            stopped answering; the first preempted one.
+        rank: The worker that stopped the round: the one that failed; the first preempted
+            one.
     """
 
     outcome: Outcome
@@ -61,6 +62,15 @@ class RoundResult:
     work_lost: bool = False
     """After a preemption: a worker's state could not be saved within the grace budget, so
     the training since the last complete state is lost (its stop record says so)."""
+    unresponsive: tuple[int, ...] = ()
+    """The workers the failed one's stop record says stopped answering (ranks)."""
+
+    @property
+    def blamed(self) -> int:
+        """The worker a failure is counted against: the one the failed worker found had
+        stopped answering (it exited with the status that says so), else the failed one."""
+        named = [rank for rank in self.unresponsive if rank != self.rank]
+        return named[0] if self.status == ExitStatus.PEER_UNAVAILABLE and named else self.rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +99,14 @@ class JobState:
         max_restarts: Restarts allowed after failures, at each number of workers.
         failures: Failures counted against them at the current number of workers.
         model_dir: Where the command saves its state (``None``: it resumes by itself).
+        port_attempts: Rounds in a row whose workers found a port taken.
     """
 
     slots: elastic.WorkerSlots
     max_restarts: int = 0
     failures: int = 0
     model_dir: str | None = None
+    port_attempts: int = 0
 
 
 class Action(enum.Enum):
@@ -120,6 +132,11 @@ class Decision:
     line: str | None
     state: JobState
 
+
+PORT_ATTEMPTS = 3
+"""How many rounds in a row start with fresh ports when a worker finds its port taken (by
+another program: the workers' ports were free a moment before), before that counts as a
+failure."""
 
 # Statuses that end a job without a restart: success, and bad input (the same command fails
 # the same way again).
@@ -157,7 +174,16 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
 
     def exit_with(status: int, line: str | None = None) -> Decision:
         return Decision(Action.EXIT, status, line, dataclasses.replace(
-            state, slots=slots, failures=failures))
+            state, slots=slots, failures=failures, port_attempts=0))
+
+    # A port taken by another program: new ports, not a failure (the last time, one).
+    if (result.outcome is Outcome.FAILED and result.status == ExitStatus.PORT_TAKEN
+            and state.port_attempts + 1 < PORT_ATTEMPTS):
+        attempts = state.port_attempts + 1
+        return Decision(Action.START, 0, (
+            "launcher: a worker's port was taken by another program; starting again with new "
+            f"ports (attempt {attempts + 1} of {PORT_ATTEMPTS})."),
+            dataclasses.replace(state, port_attempts=attempts))
 
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
@@ -189,7 +215,7 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                  "as a failure)" + _rejoining(slots))
     else:
         epochs_done = progress.after[0] if progress.after is not None else 0
-        slot = slots.slot_of(result.rank)
+        slot = slots.slot_of(result.blamed)
         aside = len(slots.set_aside)
         if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
             slots.lose(slot, epochs_done)
@@ -221,8 +247,27 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
         line = f"launcher: {which}, resuming from {position_words(progress.after)} in {folder}."
     else:
         line = f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
-    return Decision(Action.START, 0, line, dataclasses.replace(state, slots=slots,
-                                                                failures=failures))
+    return Decision(Action.START, 0, line, dataclasses.replace(
+        state, slots=slots, failures=failures, port_attempts=0))
+
+
+def growth_due(progress: Progress, slots: elastic.WorkerSlots) -> str | None:
+    """Whether a shrunk job should grow now: it has reached the epoch boundary at which its lost
+    slots are tried again (an epoch saved during this round, at or past the slots' next try).
+
+    Args:
+        progress: The round's progress so far, as its chief recorded it.
+        slots: The job's slots.
+
+    Returns:
+        That boundary in words (``"epoch 3 is saved"``), or ``None``: not now.
+    """
+    if not slots.lost or progress.before is None or progress.after is None:
+        return None
+    epochs = progress.after[0]
+    if epochs > progress.before[0] and epochs >= slots.next_try_epochs:
+        return f"epoch {epochs} is saved"
+    return None
 
 
 def _rejoining(slots: elastic.WorkerSlots) -> str:

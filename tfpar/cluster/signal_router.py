@@ -38,14 +38,20 @@ def _record(signum, frame) -> None:
     _arrived.append(signum)
 
 
+def _wake(signum, frame) -> None:
+    """The handler of signals only listeners act on: nothing (Python's C-level handler has
+    already written the signal to the wakeup descriptor, which wakes the listeners)."""
+
+
 def in_main_thread() -> bool:
     """Whether this thread may set handlers (Python takes signals in the main thread only)."""
     return threading.current_thread() is threading.main_thread()
 
 
-def subscribe(signals: Iterable[int]) -> bool:
-    """Routes ``signals`` to the router (recorded; see :func:`take`) until
-    :func:`unsubscribe`. Subscriptions nest.
+def subscribe(signals: Iterable[int], record: bool = True) -> bool:
+    """Routes ``signals`` to the router until :func:`unsubscribe`: each arrival reaches the
+    listeners (:func:`on_arrival`) and, with ``record``, is kept for :func:`take`.
+    Subscriptions nest.
 
     Returns:
         Whether the handlers were set (in the main thread only).
@@ -53,7 +59,7 @@ def subscribe(signals: Iterable[int]) -> bool:
     if not in_main_thread():
         return False
     _start_reader()
-    _previous.append(install({s: _record for s in signals}))
+    _previous.append(install({s: _record if record else _wake for s in signals}))
     return True
 
 

@@ -9,14 +9,18 @@ until the round ends (:meth:`WorkerGroup.run`), returning a
 - every worker exited 0: succeeded;
 - a worker exited with the preempted status: the others are left to finish saving (the grace
   budget), preempted;
-- a worker failed: the others are stopped (SIGINT, then SIGKILL after a grace), failed, about
-  the worker its stop record says stopped answering, else itself;
+- a worker failed: the others are stopped (SIGINT, then SIGKILL after a grace), failed, with
+  the workers its stop record says stopped answering;
 - the launcher had a notice (SIGTERM, SIGUSR1; through :mod:`.signal_router`): it is passed to
   every worker as SIGTERM, they save and exit, and the status is what they ended with
   (:func:`~tfpar.cluster.restart_policy.notice_status`);
 - Ctrl-C to the launcher: every worker is stopped;
-- an elastic job's epoch boundary at which lost slots are tried again: every worker is given a
-  notice, and once they saved, growing.
+- an elastic job's epoch boundary at which lost slots are tried again (``growth_due``, the
+  restart policy's rule, says so): every worker is given a notice, and once they saved,
+  growing.
+
+It reports what happened; what follows (new ports, whom a failure is counted against,
+growing) is the restart policy's (:func:`~tfpar.cluster.restart_policy.decide`).
 
 Workers run in their own sessions (so Ctrl-C at the terminal reaches the launcher only, which
 stops them) and die with the launcher (Linux's parent-death signal), so nothing they start
@@ -59,9 +63,6 @@ TensorFlow).
 """
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
 """The signals the launcher itself takes as preemption notices and passes on (as SIGTERM)."""
-PORT_ATTEMPTS = 3
-"""How many times a round starts over with fresh ports when a worker finds its port taken
-(host network)."""
 POLL_SECONDS = 0.1
 """How often the workers and the launcher's signals are looked at."""
 GROWTH_CHECK_SECONDS = 0.2
@@ -151,7 +152,7 @@ class WorkerGroup:
             self.out.flush()
 
     def run(self) -> RoundResult:
-        """Runs the round (again with new ports where a worker found its port taken).
+        """Runs the round.
 
         Raises:
             ConfigError: If the command cannot be run, or a private network not made here.
@@ -161,29 +162,17 @@ class WorkerGroup:
                          if self.network == "private" else None)
             records = tempfile.mkdtemp(prefix="tfpar-launch-")
             stack.callback(shutil.rmtree, records, True)
-            for attempt in range(1, PORT_ATTEMPTS + 1):
-                configs = tf_configs(len(self.slots), self.host)
-                if namespace is None:
-                    ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
-                    self.say(f"launcher: the workers' TensorFlow servers listen on every network "
-                             f"interface, unauthenticated ({ports}): firewall these ports.")
-                result = self._round(configs, namespace, records)
-                if (result.outcome is not Outcome.FAILED or namespace is not None
-                        or result.status != ExitStatus.PORT_TAKEN):
-                    return result
-                self.say(f"launcher: a worker's port was taken by another program; starting "
-                         f"again with new ports (attempt {attempt + 1} of {PORT_ATTEMPTS})."
-                         if attempt < PORT_ATTEMPTS else
-                         "launcher: a worker's port was taken every time; giving up.")
-            return result
+            configs = tf_configs(len(self.slots), self.host)
+            if namespace is None:
+                ports = ", ".join(json.loads(configs[0])["cluster"]["worker"])
+                self.say(f"launcher: the workers' TensorFlow servers listen on every network "
+                         f"interface, unauthenticated ({ports}): firewall these ports.")
+            return self._round(configs, namespace, records)
 
     def _round(self, configs: Sequence[str], namespace: private_network.Namespace | None,
                records: str) -> RoundResult:
         record_paths = [os.path.join(records, f"worker-{rank}.json")
                         for rank in range(len(configs))]
-        for path in record_paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
         processes = self._start(configs, namespace, record_paths)
         threads = [threading.Thread(target=self._forward, args=(p.stdout, f"[worker {rank}] "),
                                     daemon=True) for rank, p in enumerate(processes)]
@@ -255,14 +244,14 @@ class WorkerGroup:
                     status = protocol.normalized(code)
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                     record = protocol.StopRecord.read(record_paths[rank])
-                    named = [r for r in (record.unresponsive if record else ())
-                             if r < len(processes) and r != rank]
-                    about = (named[0] if status == ExitStatus.PEER_UNAVAILABLE and named
-                             else rank)
+                    result = RoundResult(Outcome.FAILED, status, rank, unresponsive=tuple(
+                        r for r in (record.unresponsive if record else ())
+                        if r < len(processes)))
                     self.say(f"launcher: {self._who(rank)} {how}"
-                             + (f" ({self._who(about)} stopped answering)" if about != rank
-                                else "") + "; stopped the other workers.")
-                    return RoundResult(Outcome.FAILED, status, about)
+                             + (f" ({self._who(result.blamed)} stopped answering)"
+                                if result.blamed != rank else "")
+                             + "; stopped the other workers.")
+                    return result
             if all(p.poll() == 0 for p in processes):
                 return RoundResult(Outcome.SUCCEEDED)
             if self.growth_due is not None and time.monotonic() >= next_check:

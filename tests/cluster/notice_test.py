@@ -1,0 +1,181 @@
+"""Tests of :class:`tfpar.cluster.preemption.Notice`: a process's notice from signal to exit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import tensorflow as tf
+
+from tfpar.cluster import preemption
+from tfpar.cluster import protocol
+from tfpar.cluster import signal_router
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env})
+
+
+class NoticeTest(tf.test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.notice = preemption.Notice()
+
+    def test_watching_subscribes_the_routers_handler_and_unwatching_gives_back(self):
+        before = signal.getsignal(signal.SIGUSR2)
+        self.assertTrue(self.notice.watch([signal.SIGUSR2], 5))
+        self.assertTrue(self.notice.watching(signal.SIGUSR2))
+        # The handler does nothing (the notice acts from the router's thread), and keeps
+        # nothing for a launcher's signal_router.take() in this process.
+        handler = signal.getsignal(signal.SIGUSR2)
+        self.assertIsNone(handler(signal.SIGUSR2, None))
+        self.assertFalse(signal_router.pending())
+        self.assertTrue(self.notice.watch([signal.SIGHUP], 7))  # Watches nest.
+        self.assertFalse(self.notice.watching(signal.SIGUSR2))
+        self.assertEqual(self.notice.seconds_left(), 7)
+        self.notice.unwatch()
+        self.assertTrue(self.notice.watching(signal.SIGUSR2))
+        self.assertEqual(self.notice.seconds_left(), 5)
+        self.notice.unwatch()
+        self.assertFalse(self.notice.watching(signal.SIGUSR2))
+        self.assertEqual(signal.getsignal(signal.SIGUSR2), before)
+
+    def test_inside_training_an_arrival_only_records_and_starts_the_budget(self):
+        self.notice.watch([signal.SIGUSR2], 30)
+        self.addCleanup(self.notice.unwatch)
+        self.addCleanup(self.notice.reset)  # Cancels the budget.
+        self.notice.training(True)
+        self.addCleanup(self.notice.training, False)
+        self.assertFalse(self.notice.arrived)
+        self.assertEqual(self.notice.signal_name, "")
+        self.assertEqual(self.notice.seconds_since(), 0)
+        self.notice.arrive(signal.SIGUSR1)  # Not a notice here.
+        self.assertFalse(self.notice.arrived)
+        os.kill(os.getpid(), signal.SIGUSR2)  # Reaches arrive() from the router's thread.
+        deadline = time.monotonic() + 10
+        while not self.notice.arrived and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(self.notice.arrived)
+        self.assertEqual(self.notice.signal_name, "SIGUSR2")
+        self.assertLess(self.notice.seconds_left(), 30)
+        self.assertGreater(self.notice.seconds_left(), 20)
+        self.notice.reset()
+        self.assertFalse(self.notice.arrived)
+
+    def test_a_stop_step_of_one_process_is_the_step_at_the_notice(self):
+        self.notice.watch([signal.SIGUSR2], 30)
+        self.addCleanup(self.notice.unwatch)
+        self.addCleanup(self.notice.reset)
+        self.notice.training(True)
+        self.addCleanup(self.notice.training, False)
+        stop = self.notice.stop_step("run")
+        self.assertIsNone(stop.stop_after(3))
+        self.notice.arrive(signal.SIGUSR2)
+        self.assertEqual(stop.stop_after(4), 4)
+        self.assertEqual(stop.stop_after(5), 4)
+
+    def test_off_the_main_thread_nothing_is_watched(self):
+        result = []
+        thread = threading.Thread(target=lambda: result.append(
+            self.notice.watch([signal.SIGUSR2], 5)))
+        thread.start()
+        thread.join()
+        self.assertEqual(result, [False])
+        self.assertFalse(self.notice.watching(signal.SIGUSR2))
+
+    def test_the_modules_functions_warn_and_name_the_notices_member(self):
+        for old, new in [("watch_signals", "watch"), ("noticed", "arrived"),
+                         ("notice_name", "signal_name"), ("stopping", "stop"),
+                         ("exit_now", "exit"), ("exits_process", "exits_process")]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                getattr(preemption, old)
+            self.assertLen(caught, 1)
+            self.assertIs(caught[0].category, DeprecationWarning)
+            self.assertIn(f"use tfpar.cluster.preemption.NOTICE.{new}", str(caught[0].message))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.assertFalse(preemption.noticed())  # Still answers, as a function.
+        with self.assertRaises(AttributeError):
+            preemption.no_such_name  # noqa: B018
+
+
+class NoticeProcessTest(tf.test.TestCase):
+    """Whole processes: how a notice ends them, and what they record."""
+
+    def test_outside_training_a_notice_ends_the_process_at_once_with_its_record(self):
+        record = os.path.join(self.get_temp_dir(), "stop.json")
+        result = run("""
+            import os, signal, time
+            from tfpar.cluster import preemption
+            preemption.NOTICE.watch([signal.SIGTERM], 20)
+            preemption.NOTICE.saved("epoch 2 step 3 in /runs/x", (1, 3))
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # Ended from the router's thread, not after this.
+            print("not reached")
+            """, **{protocol.STOP_RECORD_ENV: record})
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
+        self.assertNotIn("not reached", result.stdout)
+        self.assertNotIn("Traceback", result.stderr)
+        line = ("Preempted (SIGTERM) outside training: epoch 2 step 3 in /runs/x is where a "
+                "rerun resumes.")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], line)
+        with open(record) as f:
+            stop = json.load(f)
+        self.assertEqual(stop["status"], preemption.PREEMPTED_EXIT_STATUS)
+        self.assertEqual(stop["reason"], line)
+
+    def test_a_spent_budget_ends_the_process_and_says_the_work_is_lost(self):
+        record = os.path.join(self.get_temp_dir(), "stop.json")
+        result = run("""
+            import os, signal, time
+            from tfpar.cluster import preemption
+            preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
+            preemption.NOTICE.training(True)  # A loop that never reaches its step boundary.
+            preemption.NOTICE.saved("the end of epoch 1 in /runs/x", (1, 0))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(30)
+            """, **{protocol.STOP_RECORD_ENV: record})
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
+        self.assertIn("Preempted (SIGUSR1): the state could not be saved within the 0.2 s grace "
+                      "budget; the end of epoch 1 in /runs/x is intact and is where a rerun "
+                      "resumes.", result.stderr)
+        with open(record) as f:
+            self.assertTrue(json.load(f)["work_lost"])
+
+
+class LauncherHandOverTest(tf.test.TestCase):
+
+    def test_a_launcher_takes_over_its_programs_notices_and_their_budget(self):
+        # A launcher program watches notices from its first instant; once it launches, its
+        # notices are passed on to the workers, and its own grace budget (0.2 s here) must not
+        # end it while the workers save (1.5 s here).
+        code = """
+            import signal, sys, threading, os, time
+            from tfpar.cluster import launcher, preemption
+            preemption.NOTICE.watch([signal.SIGTERM], 0.2, exit_process=True)
+            worker = ("import signal, sys, time\\n"
+                      "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.5), sys.exit(85)))\\n"
+                      "print('up', flush=True)\\n"
+                      "time.sleep(60)\\n")
+            class Out:
+                def write(self, text):
+                    sys.stdout.write(text)
+                    if "up" in text:
+                        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                def flush(self):
+                    sys.stdout.flush()
+            sys.exit(launcher.launch([sys.executable, "-c", worker], 1, out=Out()))
+            """
+        result = run(code)
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS,
+                         result.stdout + result.stderr)
+        self.assertIn("launcher: preempted; the workers exited with 85.", result.stdout)
+        self.assertNotIn("grace budget", result.stdout + result.stderr)
