@@ -90,6 +90,18 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         replica_copies.write_own(folder, [2, 3], 4, row)
         self.assertLen(replica_copies.read_own(folder, [2, 3])[3], 2)
 
+    def test_the_mean_of_every_workers_file_is_summed_in_float64_in_replica_order(self):
+        folder = os.path.join(self.get_temp_dir(), "mean")
+        big, small = np.float32(2.0**24), np.float32(1.0)
+        # Replicas 2**24, 1, 1, -2**24 (the second file written first): a float32 sum in
+        # replica order drops both ones (2**24 + 1 rounds to 2**24) and gives 0.
+        replica_copies.write_own(folder, [2, 3], 4, {5: np.array([[small], [-big]])})
+        replica_copies.write_own(folder, [0, 1], 4, {5: np.array([[big], [small]])})
+        mean = replica_copies.read_mean(folder)
+        self.assertEqual(list(mean), [5])
+        self.assertEqual(mean[5].dtype, np.float32)
+        self.assertAllEqual(mean[5], [[0.5]])  # (2**24 + 1 + 1 - 2**24) / 4, exactly.
+
     def test_the_json_functions_are_deprecated_and_still_read_back_bit_for_bit(self):
         copies = replica_copies.gather(self.trained(2))
         with self.assertWarnsRegex(DeprecationWarning, "use tfpar.replica_copies.write"):

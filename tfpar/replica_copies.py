@@ -389,20 +389,33 @@ def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | Non
         _check_fit(model, copies)
         _assign_own(model, copies, strategy)
         return True
-    rows = _rows(folder, sorted(files, key=lambda name: files[name][0]), None)
+    means = read_mean(folder)
     logging.info("The replicas' own copies in %s were saved by %d replicas; each of the %d "
                  "replicas now starts from their mean.", folder, saved_total, replicas)
+    _check_fit(model, means)
+    variables = list(model.variables)
+    for place, mean in means.items():
+        variables[place].assign(mean[0])
+    return True
+
+
+def read_mean(folder: str) -> Copies:
+    """The mean of every replica's saved copy of each variable in ``folder``, summed in float64
+    in the replicas' order (the same on every worker), one row each: what each replica of
+    another number of replicas starts from (an elastic job that shrank or grew).
+
+    Raises:
+        ValueError: If the files do not cover every replica once, or are not readable.
+    """
+    files, saved_total = _files(folder)
+    rows = _rows(folder, sorted(files, key=lambda name: files[name][0]), None)
     means = {}
     for place, by_id in rows.items():
         total = np.zeros(next(iter(by_id.values())).shape, np.float64)
         for i in sorted(by_id):
             total += by_id[i]
         means[place] = (total / saved_total).astype(by_id[i].dtype)[None]
-    _check_fit(model, means)
-    variables = list(model.variables)
-    for place, mean in means.items():
-        variables[place].assign(mean[0])
-    return True
+    return means
 
 
 def _rows(folder: str, names: list[str], ids: set[int] | None) -> dict[int, dict[int, np.ndarray]]:
