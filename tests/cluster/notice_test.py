@@ -32,11 +32,17 @@ class NoticeTest(tf.test.TestCase):
         before = signal.getsignal(signal.SIGUSR2)
         self.assertTrue(self.notice.watch([signal.SIGUSR2], 5))
         self.assertTrue(self.notice.watching(signal.SIGUSR2))
-        # The handler does nothing (the notice acts from the router's thread), and keeps
-        # nothing for a launcher's signal_router.take() in this process.
+        # The handler only records: it returns, and keeps nothing for a launcher's
+        # signal_router.take() in this process; the next safe point knows of the notice.
         handler = signal.getsignal(signal.SIGUSR2)
+        self.notice.training(True)
+        self.addCleanup(self.notice.training, False)
+        self.addCleanup(self.notice.reset)
         self.assertIsNone(handler(signal.SIGUSR2, None))
         self.assertFalse(signal_router.pending())
+        self.assertTrue(self.notice.arrived)
+        self.assertEqual(self.notice.signal_name, "SIGUSR2")
+        self.notice.reset()
         self.assertTrue(self.notice.watch([signal.SIGHUP], 7))  # Watches nest.
         self.assertFalse(self.notice.watching(signal.SIGUSR2))
         self.assertEqual(self.notice.seconds_left(), 7)

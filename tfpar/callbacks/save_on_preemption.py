@@ -134,9 +134,9 @@ class SaveOnPreemption(keras.callbacks.Callback):
             said = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
         else:
             said = f"state saved at {self.checkpoint.describe(epoch, steps)}"
-        self._end()  # After the save: a second notice during it only records itself.
         after = (f", {preemption.NOTICE.seconds_since():.1f} s after the notice"
                  if preemption.NOTICE.arrived else "")
+        self._end()  # After the save: a second notice during it only records itself.
         stop = preemption.NOTICE.stop(
             f"Preempted ({name}): {said}{after}; run the same command to resume.")
         exit_process = (preemption.NOTICE.exits_process if self.exit_process is None

@@ -102,8 +102,8 @@ class Notice:
     """A process's preemption notice, from its signal to the process's exit: the one place it
     is handled.
 
-    Its life: :meth:`watch` makes signals notices (the signal router's handler does nothing
-    in the main thread); a notice's arrival reaches :meth:`arrive` from the router's thread at once,
+    Its life: :meth:`watch` makes signals notices (its handler, set through the signal router,
+    only records them); a notice's arrival reaches :meth:`arrive` from the router's thread at once,
     even while the main thread is inside TensorFlow, and starts the grace budget. Outside a
     training loop the process then ends at once (its line, its stop record, the preempted
     status): nothing is in flight to save. Inside one (:meth:`training`), the loop's
@@ -119,6 +119,7 @@ class Notice:
         self._signals: tuple[signal.Signals, ...] = ()
         self._grace_seconds = DEFAULT_GRACE_SECONDS
         self._arrived = threading.Event()
+        self._recorded: list[int] = []  # Appended by the handler (the main thread), no lock.
         self._name = ""  # The first notice's signal name.
         self._arrived_at = 0.0  # time.monotonic() of the first notice.
         self._stopping = threading.Event()  # The process said why it stops; the budget is quiet.
@@ -159,7 +160,7 @@ class Notice:
             signal_router.on_arrival(self.arrive)
             self._listening = True
         self._watches.append((self._signals, self._grace_seconds, self._exit_process,
-                              signal_router.subscribe(signals, record=False)))
+                              signal_router.subscribe(signals, self._record)))
         if exit_process is not None:
             self._exit_process = exit_process
         self._grace_seconds = float(grace_seconds)
@@ -197,6 +198,13 @@ class Notice:
         :class:`StopStep` acts on it)."""
         self._training += 1 if active else -1
 
+    def _record(self, signum: int, frame: Any) -> None:
+        """The notice signals' handler (main thread): records, nothing else (no lock, no
+        exception), so that the next step boundary knows of it even before the router's thread
+        has called :meth:`arrive`."""
+        if signum in self._signals:
+            self._recorded.append(signum)
+
     def arrive(self, signum: int) -> None:
         """A signal arrived (called from the signal router's thread, or by a test): a notice
         is recorded and its grace budget starts; outside training the process ends here."""
@@ -220,7 +228,11 @@ class Notice:
 
     @property
     def arrived(self) -> bool:
-        """Whether a notice has arrived in this process."""
+        """Whether a notice has arrived in this process. Asked at a step boundary (a safe
+        point), a notice the handler recorded is taken in here if the router's thread has not
+        yet, so a training loop stops at the step after the one the signal interrupted."""
+        if not self._arrived.is_set() and self._recorded:
+            self.arrive(self._recorded[0])
         return self._arrived.is_set()
 
     @property
@@ -285,6 +297,7 @@ class Notice:
         with self._lock:
             self._generation += 1
             self._arrived.clear()
+            self._recorded.clear()
             self._stopping.clear()
             self._name, self._arrived_at, self._last_saved = "", 0.0, None
             self._last_position = None

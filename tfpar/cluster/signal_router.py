@@ -38,19 +38,16 @@ def _record(signum, frame) -> None:
     _arrived.append(signum)
 
 
-def _wake(signum, frame) -> None:
-    """The handler of signals only listeners act on: nothing (Python's C-level handler has
-    already written the signal to the wakeup descriptor, which wakes the listeners)."""
-
-
 def in_main_thread() -> bool:
     """Whether this thread may set handlers (Python takes signals in the main thread only)."""
     return threading.current_thread() is threading.main_thread()
 
 
-def subscribe(signals: Iterable[int], record: bool = True) -> bool:
+def subscribe(signals: Iterable[int],
+              handler: Callable[[int, Any], None] | None = None) -> bool:
     """Routes ``signals`` to the router until :func:`unsubscribe`: each arrival reaches the
-    listeners (:func:`on_arrival`) and, with ``record``, is kept for :func:`take`.
+    listeners (:func:`on_arrival`) and is kept for :func:`take`, or given to ``handler``
+    instead (one that only records, as the router's own does: no lock, no exception).
     Subscriptions nest.
 
     Returns:
@@ -59,7 +56,7 @@ def subscribe(signals: Iterable[int], record: bool = True) -> bool:
     if not in_main_thread():
         return False
     _start_reader()
-    _previous.append(install({s: _record if record else _wake for s in signals}))
+    _previous.append(install({s: handler or _record for s in signals}))
     return True
 
 
