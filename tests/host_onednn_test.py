@@ -23,8 +23,8 @@ SANDY_BRIDGE = {"sse4_2", "avx"}
 ARM = {"fp", "asimd", "sve"}
 
 
-# A choice that writes the environment (tfpar's AVX2 choice writes nothing while oneDNN's AVX2
-# kernels are unsafe): how a written choice reaches TensorFlow and the processes tfpar starts.
+# A choice that writes the environment (tfpar's on AVX2 CPUs): how a written choice reaches
+# TensorFlow and the processes tfpar starts, on whichever kind the suite runs.
 WRITES = mock.patch.object(onednn, "AVX2_CHOICE", {onednn.ENABLE_ENV: "1"})
 
 
@@ -42,6 +42,25 @@ class ChooseTest(parameterized.TestCase):
         # tfpar writes only where it decides otherwise than TensorFlow's rule.
         self.assertEqual(bool(choice.environment), decided_by == "tfpar"
                          and on != bool(onednn.tensorflow_default(flags)))
+
+    def test_on_avx2_the_avx_cap_is_asked_for_and_never_under_the_users_own_cap(self):
+        self.assertFalse(onednn.choose(ZEN3, {}).on)  # The default: TensorFlow's rule.
+        choice = onednn.choose(ZEN3, {onednn.POLICY_ENV: "avx"})
+        self.assertEqual((choice.on, choice.cap, choice.decided_by), (True, "AVX", "tfpar"))
+        self.assertEqual({k: v for k, v in choice.environment.items()
+                          if k != onednn.SET_BY_TFPAR_ENV},
+                         {onednn.ENABLE_ENV: "1", onednn.CAP_ENV: "AVX"})
+        self.assertEqual(choice.describe().split(" (")[0], "on, capped at AVX")
+        # Where TensorFlow turns oneDNN on, its rule stays.
+        self.assertIsNone(onednn.choose(ZEN4, {onednn.POLICY_ENV: "avx"}).cap)
+        # A cap of the user's own (AVX2 here, whose kernels crash) is never turned on by tfpar.
+        mine = onednn.choose(ZEN3, {onednn.CAP_ENV: "AVX2", onednn.POLICY_ENV: "avx"})
+        self.assertEqual((mine.on, mine.cap, dict(mine.environment)), (False, "AVX2", {}))
+        self.assertIn("ONEDNN_MAX_CPU_ISA=AVX2 is set", mine.reason)
+        # Inherited by a process tfpar starts: still tfpar's choice.
+        inherited = onednn.choose(ZEN3, {**choice.environment, onednn.POLICY_ENV: "avx"})
+        self.assertEqual((inherited.on, inherited.cap, inherited.decided_by),
+                         (True, "AVX", "tfpar"))
 
     def test_tensorflows_rule_is_its_default_policy(self):
         for flag in onednn.TENSORFLOW_ONEDNN_FLAGS:
@@ -150,6 +169,7 @@ SMALL_RESNET_FIT = textwrap.dedent("""
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ["THREADS"]))
     import keras
+    keras.mixed_precision.set_global_policy(os.environ.get("DTYPE", "float32"))
     from tfpar.models import resnet
     rng = np.random.default_rng(0)
     x, y = rng.random((80, 12, 12, 1), dtype=np.float32), rng.integers(0, 3, 80)
@@ -164,8 +184,9 @@ SMALL_RESNET_FIT = textwrap.dedent("""
 @pytest.mark.cluster  # Fresh processes of TensorFlow: CI's cluster stage, not the README's.
 class Avx2KernelsTest(absltest.TestCase):
     """Why tfpar leaves oneDNN off on AVX2 CPUs: its AVX2 kernels (as every CPU these tests run
-    on can be made to use, with ``ONEDNN_MAX_CPU_ISA=AVX2``) still crash on a small ResNet. When
-    a TensorFlow release no longer does, this fails: measure, and reconsider ``AVX2_CHOICE``."""
+    on can be made to use, with ``ONEDNN_MAX_CPU_ISA=AVX2``) still crash on a small ResNet on one
+    thread; its AVX kernels train it in float32 but have no bfloat16 convolution. When a
+    TensorFlow release changes either, this fails: measure, and reconsider ``AVX2_CHOICE``."""
 
     def fit(self, **environment):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_ENABLE_ONEDNN",
@@ -174,9 +195,19 @@ class Avx2KernelsTest(absltest.TestCase):
                               text=True, timeout=300,
                               env={**env, "TF_CPP_MIN_LOG_LEVEL": "3", **environment})
 
-    def test_onednns_avx2_kernels_crash_on_one_thread_where_eigens_train(self):
+    def test_onednns_avx2_kernels_crash_on_one_thread_where_its_avx_kernels_train(self):
         # A logical CPU device of a 2-core machine split in two has one intra-op thread.
         self.assertIn("trained", self.fit(TF_ENABLE_ONEDNN_OPTS="0", THREADS="1").stdout)
+        for _ in range(2):  # What TFPAR_ONEDNN=avx chooses there.
+            capped = self.fit(THREADS="1", **onednn.AVX_CAPPED)
+            self.assertIn("trained", capped.stdout, capped.stderr[-2000:])
+
+    def test_onednns_avx_kernels_have_no_bfloat16_convolution(self):
+        # Why the AVX cap is not tfpar's default: mixed precision fails (or aborts) under it.
+        self.assertIn("trained", self.fit(TF_ENABLE_ONEDNN_OPTS="0", THREADS="1",
+                                          DTYPE="mixed_bfloat16").stdout)
+        capped = self.fit(THREADS="1", DTYPE="mixed_bfloat16", **onednn.AVX_CAPPED)
+        self.assertNotIn("trained", capped.stdout)
         crashes = [self.fit(TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2",
                             THREADS="1").returncode for _ in range(2)]
         # Killed by the heap's check (SIGABRT) or a segmentation fault, not a Python error.

@@ -15,6 +15,7 @@ from tfpar import strategies
 from tfpar import testing
 from tfpar import training
 from tfpar.errors import ConfigError
+from tfpar.host import onednn
 from tfpar.strategies import registry
 
 
@@ -95,6 +96,16 @@ class OptionsTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(ConfigError, "^jit_compile=True cannot run on 2 replicas "
                                                  "with CPUs among them"):
             training.train_on_devices(dataclasses.replace(CONFIG, jit_compile=True), 2,
+                                      splits())
+
+    def test_mixed_precision_is_refused_under_onednns_avx_kernels(self):
+        # They have no bfloat16 or float16 convolution: one line before any step, not an abort.
+        capped = onednn.choose({"sse4_2", "avx", "avx2", "fma"}, {onednn.POLICY_ENV: "avx"})
+        with mock.patch.object(onednn, "current", return_value=capped), \
+                self.assertRaisesRegex(ConfigError, r"^dtype=mixed_bfloat16 has no convolution "
+                                                    r"in oneDNN's AVX kernels, which this "
+                                                    r"process runs \(on, capped at AVX"):
+            training.train_on_devices(dataclasses.replace(CONFIG, dtype="mixed_bfloat16"), 2,
                                       splits())
 
     def test_profile_steps_write_a_trace(self):

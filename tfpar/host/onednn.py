@@ -32,7 +32,8 @@ ENABLE_ENV = "TF_ENABLE_ONEDNN_OPTS"
 CAP_ENV = "ONEDNN_MAX_CPU_ISA"
 """oneDNN's cap on the vector extension its kernels use (``AVX``, ``AVX2``, ...)."""
 POLICY_ENV = "TFPAR_ONEDNN"
-"""``tensorflow``: tfpar leaves TensorFlow's rule alone; unset or ``auto``: tfpar chooses."""
+"""``tensorflow``: tfpar leaves TensorFlow's rule alone; unset or ``auto``: tfpar chooses;
+``avx``: on an AVX2 CPU, :data:`AVX_CAPPED` (float32 only)."""
 SET_BY_TFPAR_ENV = "TFPAR_ONEDNN_SET"
 """The settings tfpar wrote (``TF_ENABLE_ONEDNN_OPTS=1 ONEDNN_MAX_CPU_ISA=AVX``), so that the
 processes that inherit them tell tfpar's choice from the user's."""
@@ -73,21 +74,29 @@ class Choice:
 
 AVX2_CHOICE: Mapping[str, str] = {}
 """What tfpar sets on an x86 CPU with AVX2 but none of :data:`TENSORFLOW_ONEDNN_FLAGS`: nothing,
-so oneDNN stays off there, as TensorFlow leaves it.
+so oneDNN stays off there, as TensorFlow leaves it; ``TFPAR_ONEDNN=avx`` asks for
+:data:`AVX_CAPPED` instead.
 
-oneDNN would train ResNet-18 1.7 times as fast there, but the AVX2 convolution kernels of the
-oneDNN that TensorFlow 2.21 ships (3.7) corrupt the process's heap when they run on one thread
-on a convolution of fewer than 8 channels: a small ResNet whose first stage has 4 channels dies
-with "double free or corruption" (in ``MklConvBwdFilterPrimitive``) or a segmentation fault in
-every run with one intra-op thread, and trains with two, or with 8 channels and more. One thread
-per device is what a logical CPU device gets on a small machine (2 cores split in two), and the
-choice is made for the whole process before any model exists, so it cannot be made safe here.
-Turn it on yourself with ``TF_ENABLE_ONEDNN_OPTS=1`` where your convolutions all have 8 channels
-or more, or each device has two threads or more.
+With Eigen's kernels several logical devices of one CPU train at about half the speed of one
+device there. oneDNN's own AVX2 kernels are faster, but those of the oneDNN TensorFlow 2.21
+ships (3.7) corrupt the heap when they compute a convolution's weight gradient on one thread
+with fewer than 8 channels (``jit:avx2`` and ``jit_1x1:avx2`` ``backward_weights`` in
+``ONEDNN_VERBOSE``; the 1x1 stride-2 shape is oneDNN#6035): a small ResNet with a 4-channel
+stage dies with "double free or corruption" or a segmentation fault in every run with one
+intra-op thread, which is what a logical device of a small machine gets. Capped at AVX, oneDNN
+never dispatches those kernels and the same runs train, but it has no bfloat16 or float16
+convolution below AVX-512: a mixed-precision model fails to create its convolution ("could not
+create a primitive descriptor") or the process aborts, in the README's suite. So the cap is not
+a default: it is safe for float32 models only.
 """
+AVX_CAPPED: Mapping[str, str] = {ENABLE_ENV: "1", CAP_ENV: "AVX"}
+"""What ``TFPAR_ONEDNN=avx`` sets on an AVX2 CPU: oneDNN on, capped at AVX. Paired rounds on an
+AMD EPYC Zen 4 running these kernels against Eigen's (the same binary code as on an AVX2 CPU)
+put 2 devices at 1.34x (LeNet) and 2.1x (ResNet-18) of 2 devices on Eigen, and above one device
+of the same kernels with LeNet; float32 only (see :data:`AVX2_CHOICE`)."""
 AVX2_REASON = ("an AVX2 CPU: oneDNN would be faster, but its AVX2 convolutions corrupt memory "
                "on one thread with fewer than 8 channels, so it stays off as TensorFlow leaves "
-               "it (TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
+               "it (TFPAR_ONEDNN=avx caps it at AVX for float32 models)")
 """Why, in the words :func:`choose` reports."""
 
 
@@ -131,14 +140,19 @@ def choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
     if default:
         return Choice(True, cap, "tensorflow", "the CPU has AVX512_VNNI, AVX512_BF16, AVX_VNNI "
                       "or AMX, for which TensorFlow turns oneDNN on")
-    if environ.get(POLICY_ENV, "auto").lower() == "tensorflow":
+    policy = environ.get(POLICY_ENV, "auto").lower()
+    if policy == "tensorflow":
         return Choice(False, cap, "tensorflow", f"{POLICY_ENV}=tensorflow")
     if "avx2" not in flags:
         return Choice(False, cap, "tensorflow", "no AVX2: not measured, TensorFlow's rule "
                       "(off) applies")
+    if cap is not None:  # The user chose the kernels: tfpar turns nothing on under them.
+        return Choice(False, cap, "tensorflow", f"{CAP_ENV}={cap} is set: tfpar leaves oneDNN "
+                      f"off, as TensorFlow does here ({ENABLE_ENV}=1 turns it on)")
+    if policy == "avx":
+        return Choice(True, AVX_CAPPED[CAP_ENV], "tfpar", f"{POLICY_ENV}=avx on an AVX2 CPU: "
+                      "oneDNN's AVX kernels, float32 only", environment=_with_marker(AVX_CAPPED))
     setting = dict(AVX2_CHOICE)
-    if cap is not None:  # The user's cap stays; tfpar then sets nothing of its own.
-        setting.pop(CAP_ENV, None)
     on = _parse_bool(setting.get(ENABLE_ENV, "0")) is True
     return Choice(on, setting.get(CAP_ENV, cap) if on else cap, "tfpar", AVX2_REASON,
                   environment=_with_marker(setting))

@@ -151,19 +151,26 @@ def chosen(device_types: set[str], num_devices: int, workers: int = 1, *, dtype:
 
 
 def cpu_split_note(num_devices: int, device_types: set[str] | None = None) -> str | None:
-    """One sentence where one CPU split into ``num_devices`` logical devices trains slower
-    than one device on this CPU's kernels; ``None`` where nothing says so.
+    """One sentence where this CPU's kernels make the device count a poor choice for speed;
+    ``None`` where nothing says so.
 
     With TensorFlow's Eigen kernels (oneDNN off), each logical device's convolutions run on
     its share of the threads at a fraction of the speed the whole pool reaches on the whole
     batch: ResNet-18 on 2 devices trains at 0.56x of one device (paired rounds, AMD EPYC
     Zen 4 with oneDNN off) and at 0.53x on an AMD EPYC Zen 3, where TensorFlow leaves oneDNN
-    off. Several devices then serve testing and exactness, not speed.
+    off. Several devices then serve testing and exactness, not speed. Where tfpar caps oneDNN
+    at AVX for several devices (an AVX2 CPU, :data:`tfpar.host.onednn.AVX2_CHOICE`), one
+    device alone may train faster on Eigen's kernels: LeNet at 1.7x, ResNet-18 not (0.8x;
+    paired rounds on an AMD EPYC Zen 4 running the same kernels).
     """
-    if num_devices < 2 or (device_types is not None and device_types != {"CPU"}):
+    if device_types is not None and device_types != {"CPU"}:
         return None
     choice = onednn.current()
-    if choice.on:
+    if num_devices == 1 and choice.on and choice.decided_by == "tfpar" and choice.cap:
+        return (f"on one device TensorFlow's Eigen kernels ({onednn.ENABLE_ENV}=0) may train "
+                f"faster than oneDNN capped at {choice.cap}, which tfpar chooses on this CPU for "
+                "several devices (LeNet-sized convolutions do, larger ones not): time both")
+    if num_devices < 2 or choice.on:
         return None
     return (f"{num_devices} logical devices of one CPU train slower than one device here: "
             f"TensorFlow runs its Eigen kernels, oneDNN being off ({choice.reason}); "

@@ -36,6 +36,7 @@ from tfpar.data import pipelines
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
+from tfpar.host import onednn
 from tfpar.training import evaluation
 from tfpar.training import recommendations
 from tfpar.training import schedules
@@ -115,6 +116,12 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                                            {name.split(":")[0] for name in device_set})
     if split and cluster_spec.is_chief(strategy):
         print(f"Note: {split}.", flush=True)
+    kernels = onednn.current()
+    if (config.dtype != "float32" and kernels.on and kernels.cap == "AVX"
+            and any(name.startswith("CPU") for name in device_set)):
+        raise ConfigError(f"{{argument}}={config.dtype} has no convolution in oneDNN's AVX "
+                          f"kernels, which this process runs ({kernels.describe()}): use "
+                          "float32, or start without TFPAR_ONEDNN=avx.", argument="dtype")
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
                           f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
