@@ -160,7 +160,7 @@ def cpu_split_note(num_devices: int, device_types: set[str] | None = None) -> st
     Zen 4 with oneDNN off) and at 0.53x on an AMD EPYC Zen 3, where TensorFlow leaves oneDNN
     off. Several devices then serve testing and exactness, not speed. Where tfpar caps oneDNN
     at AVX for several devices (an AVX2 CPU, :data:`tfpar.host.onednn.AVX2_CHOICE`), one
-    device alone may train faster on Eigen's kernels: LeNet at 1.7x, ResNet-18 not (0.8x;
+    device alone may train faster on Eigen's kernels: LeNet at 1.6x, ResNet-18 not (0.8x;
     paired rounds on an AMD EPYC Zen 4 running the same kernels).
     """
     if device_types is not None and device_types != {"CPU"}:
