@@ -20,12 +20,8 @@ ZEN4 = ZEN3 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
 AMX = ZEN3 | {"avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
 ALDER_LAKE = ZEN3 | {"avx_vnni"}  # AVX-VNNI without AVX-512: TensorFlow turns oneDNN on.
 SANDY_BRIDGE = {"sse4_2", "avx"}
+SKYLAKE_SP = ZEN3 | {"avx512f", "avx512bw"}  # AVX-512 without VNNI: TensorFlow leaves it off.
 ARM = {"fp", "asimd", "sve"}
-
-
-# A choice that writes the environment (tfpar's on AVX2 CPUs): how a written choice reaches
-# TensorFlow and the processes tfpar starts, on whichever kind the suite runs.
-WRITES = mock.patch.object(onednn, "AVX2_CHOICE", {onednn.ENABLE_ENV: "1"})
 
 
 class ChooseTest(parameterized.TestCase):
@@ -33,7 +29,7 @@ class ChooseTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("zen4", ZEN4, True, "tensorflow"), ("amx", AMX, True, "tensorflow"),
         ("avx_vnni", ALDER_LAKE, True, "tensorflow"),
-        ("zen3_avx2", ZEN3, onednn.AVX2_CHOICE.get(onednn.ENABLE_ENV) == "1", "tfpar"),
+        ("zen3_avx2", ZEN3, True, "tfpar"), ("skylake_sp", SKYLAKE_SP, False, "tensorflow"),
         ("avx_only", SANDY_BRIDGE, False, "tensorflow"), ("arm", ARM, False, "tensorflow"),
         ("unreadable", None, False, "tensorflow"))
     def test_per_cpu_kind(self, flags, on, decided_by):
@@ -43,24 +39,46 @@ class ChooseTest(parameterized.TestCase):
         self.assertEqual(bool(choice.environment), decided_by == "tfpar"
                          and on != bool(onednn.tensorflow_default(flags)))
 
-    def test_on_avx2_the_avx_cap_is_asked_for_and_never_under_the_users_own_cap(self):
-        self.assertFalse(onednn.choose(ZEN3, {}).on)  # The default: TensorFlow's rule.
-        choice = onednn.choose(ZEN3, {onednn.POLICY_ENV: "avx"})
+    def test_on_avx2_onednn_runs_capped_at_avx_and_never_under_the_users_own_cap(self):
+        choice = onednn.choose(ZEN3, {})
         self.assertEqual((choice.on, choice.cap, choice.decided_by), (True, "AVX", "tfpar"))
         self.assertEqual({k: v for k, v in choice.environment.items()
                           if k != onednn.SET_BY_TFPAR_ENV},
                          {onednn.ENABLE_ENV: "1", onednn.CAP_ENV: "AVX"})
         self.assertEqual(choice.describe().split(" (")[0], "on, capped at AVX")
-        # Where TensorFlow turns oneDNN on, its rule stays.
-        self.assertIsNone(onednn.choose(ZEN4, {onednn.POLICY_ENV: "avx"}).cap)
+        # Where TensorFlow turns oneDNN on, its rule stays, uncapped.
+        self.assertIsNone(onednn.choose(ZEN4, {}).cap)
         # A cap of the user's own (AVX2 here, whose kernels crash) is never turned on by tfpar.
-        mine = onednn.choose(ZEN3, {onednn.CAP_ENV: "AVX2", onednn.POLICY_ENV: "avx"})
+        mine = onednn.choose(ZEN3, {onednn.CAP_ENV: "AVX2"})
         self.assertEqual((mine.on, mine.cap, dict(mine.environment)), (False, "AVX2", {}))
         self.assertIn("ONEDNN_MAX_CPU_ISA=AVX2 is set", mine.reason)
         # Inherited by a process tfpar starts: still tfpar's choice.
-        inherited = onednn.choose(ZEN3, {**choice.environment, onednn.POLICY_ENV: "avx"})
-        self.assertEqual((inherited.on, inherited.cap, inherited.decided_by),
-                         (True, "AVX", "tfpar"))
+        inherited = onednn.choose(ZEN3, dict(choice.environment))
+        self.assertEqual(inherited, choice)
+
+    def test_a_policy_tfpar_does_not_know_keeps_tensorflows_rule(self):
+        choice = onednn.choose(ZEN3, {onednn.POLICY_ENV: "avx512"})
+        self.assertEqual((choice.on, choice.decided_by, dict(choice.environment)),
+                         (False, "tensorflow", {}))
+        self.assertEqual(choice.reason, "TFPAR_ONEDNN='avx512' is not auto or tensorflow, so "
+                                        "TensorFlow's rule applies")
+        self.assertEqual(onednn.choose(ZEN3, {onednn.POLICY_ENV: " Auto "}).decided_by, "tfpar")
+        # Said on every kind, even where the outcome is TensorFlow's rule anyway.
+        self.assertIn("'avx512' is not auto or tensorflow",
+                      onednn.choose(ZEN4, {onednn.POLICY_ENV: "avx512"}).describe())
+
+    @parameterized.named_parameters(
+        # An AVX-512 CPU capped by hand below AVX-512: TensorFlow still hands oneDNN bfloat16.
+        ("zen4_capped_at_avx", ZEN4, {onednn.ENABLE_ENV: "1", onednn.CAP_ENV: "AVX"}, True),
+        ("zen4_capped_at_avx2", ZEN4, {onednn.ENABLE_ENV: "1", onednn.CAP_ENV: "avx2"}, True),
+        ("zen4_uncapped", ZEN4, {}, False),
+        ("zen4_capped_at_avx512", ZEN4, {onednn.CAP_ENV: "AVX512_CORE"}, False),
+        ("zen4_off", ZEN4, {onednn.ENABLE_ENV: "0", onednn.CAP_ENV: "AVX"}, False),
+        # tfpar's own cap on an AVX2 CPU: TensorFlow keeps bfloat16 on Eigen there.
+        ("zen3_tfpars_cap", ZEN3, {}, False))
+    def test_where_bfloat16_has_no_kernel(self, flags, environ, expected):
+        choice = onednn.choose(flags, environ)
+        self.assertEqual(onednn.bfloat16_without_kernels(choice, flags), expected)
 
     def test_tensorflows_rule_is_its_default_policy(self):
         for flag in onednn.TENSORFLOW_ONEDNN_FLAGS:
@@ -81,7 +99,6 @@ class ChooseTest(parameterized.TestCase):
         self.assertEqual((choice.on, choice.decided_by), (True, "tensorflow"))
         self.assertIn("'yes' is not 0, 1, false or true", choice.reason)
 
-    @WRITES
     def test_tfpars_own_setting_inherited_by_a_worker_is_not_the_users(self):
         chosen = onednn.choose(ZEN3, {})
         self.assertEqual((chosen.on, chosen.decided_by), (True, "tfpar"))
@@ -105,11 +122,6 @@ class ChooseTest(parameterized.TestCase):
 
 class ApplyTest(absltest.TestCase):
 
-    def setUp(self):
-        super().setUp()
-        WRITES.start()
-        self.addCleanup(WRITES.stop)
-
     def test_set_before_tensorflow_starts(self):
         environ: dict[str, str] = {}
         with mock.patch.object(onednn, "cpu_flags", return_value=ZEN3), \
@@ -130,8 +142,9 @@ class ApplyTest(absltest.TestCase):
         self.assertEqual(actual.decided_by, "tensorflow")
         self.assertEqual((wanted.on, actual.on), (True, False))
         self.assertRegex(line, r"^TensorFlow was imported before tfpar, .*: oneDNN is off where "
-                               r"tfpar would have it on\. Import tfpar before TensorFlow \(and "
-                               r"Keras\), or start Python with TF_ENABLE_ONEDNN_OPTS=1\.$")
+                               r"tfpar would have it on, capped at AVX\. Import tfpar before "
+                               r"TensorFlow \(and Keras\), or start Python with "
+                               r"TF_ENABLE_ONEDNN_OPTS=1 ONEDNN_MAX_CPU_ISA=AVX\.$")
         # Where tfpar chose as TensorFlow did, there is nothing to say.
         with mock.patch.object(onednn, "cpu_flags", return_value=ZEN4), \
                 mock.patch.object(onednn, "tensorflow_started", return_value=True):
@@ -159,10 +172,6 @@ class ApplyTest(absltest.TestCase):
                           expected.decided_by])
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 SMALL_RESNET_FIT = textwrap.dedent("""
     import os
     import numpy as np
@@ -183,10 +192,10 @@ SMALL_RESNET_FIT = textwrap.dedent("""
 
 @pytest.mark.cluster  # Fresh processes of TensorFlow: CI's cluster stage, not the README's.
 class Avx2KernelsTest(absltest.TestCase):
-    """Why tfpar leaves oneDNN off on AVX2 CPUs: its AVX2 kernels (as every CPU these tests run
+    """Why tfpar caps oneDNN at AVX on AVX2 CPUs: its AVX2 kernels (as every CPU these tests run
     on can be made to use, with ``ONEDNN_MAX_CPU_ISA=AVX2``) still crash on a small ResNet on one
-    thread; its AVX kernels train it in float32 but have no bfloat16 convolution. When a
-    TensorFlow release changes either, this fails: measure, and reconsider ``AVX2_CHOICE``."""
+    thread, where its AVX kernels train it; and where bfloat16 has kernels under the cap. When a
+    TensorFlow release changes these, this fails: measure, and reconsider ``AVX2_CHOICE``."""
 
     def fit(self, **environment):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_ENABLE_ONEDNN",
@@ -198,19 +207,26 @@ class Avx2KernelsTest(absltest.TestCase):
     def test_onednns_avx2_kernels_crash_on_one_thread_where_its_avx_kernels_train(self):
         # A logical CPU device of a 2-core machine split in two has one intra-op thread.
         self.assertIn("trained", self.fit(TF_ENABLE_ONEDNN_OPTS="0", THREADS="1").stdout)
-        for _ in range(2):  # What TFPAR_ONEDNN=avx chooses there.
-            capped = self.fit(THREADS="1", **onednn.AVX_CAPPED)
+        for _ in range(2):  # What tfpar chooses on an AVX2 CPU.
+            capped = self.fit(THREADS="1", **onednn.AVX2_CHOICE)
             self.assertIn("trained", capped.stdout, capped.stderr[-2000:])
-
-    def test_onednns_avx_kernels_have_no_bfloat16_convolution(self):
-        # Why the AVX cap is not tfpar's default: mixed precision fails (or aborts) under it.
-        self.assertIn("trained", self.fit(TF_ENABLE_ONEDNN_OPTS="0", THREADS="1",
-                                          DTYPE="mixed_bfloat16").stdout)
-        capped = self.fit(THREADS="1", DTYPE="mixed_bfloat16", **onednn.AVX_CAPPED)
-        self.assertNotIn("trained", capped.stdout)
         crashes = [self.fit(TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2",
                             THREADS="1").returncode for _ in range(2)]
         # Killed by the heap's check (SIGABRT) or a segmentation fault, not a Python error.
         self.assertTrue(any(code in (-signal.SIGABRT, -signal.SIGSEGV) for code in crashes),
                         f"oneDNN's AVX2 kernels trained the small ResNet (exit {crashes}): "
                         "measure them and reconsider tfpar.host.onednn.AVX2_CHOICE")
+
+    def test_bfloat16_under_the_avx_cap_trains_exactly_where_tfpar_says_it_has_kernels(self):
+        # On an AVX2 CPU TensorFlow keeps bfloat16 on Eigen's kernels and it trains; on an
+        # AVX-512 CPU capped at AVX it hands them to oneDNN, which has none.
+        self.assertIn("trained", self.fit(TF_ENABLE_ONEDNN_OPTS="0", THREADS="1",
+                                          DTYPE="mixed_bfloat16").stdout)
+        capped = self.fit(THREADS="1", DTYPE="mixed_bfloat16", **onednn.AVX2_CHOICE)
+        flags = onednn.cpu_flags()
+        missing = onednn.bfloat16_without_kernels(onednn.choose(flags, onednn.AVX2_CHOICE), flags)
+        self.assertEqual("trained" not in capped.stdout, missing, capped.stderr[-2000:])
+
+
+if __name__ == "__main__":
+    absltest.main()

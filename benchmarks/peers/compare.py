@@ -59,10 +59,14 @@ ONEDNN = {"as_set": {}, "off": {"TF_ENABLE_ONEDNN_OPTS": "0"},
           "on": {"TF_ENABLE_ONEDNN_OPTS": "1"},
           "avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
           "avx": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX"},
-          # An AVX2 CPU as TensorFlow and tfpar run it (Eigen's kernels, built for AVX), with
-          # PyTorch's oneDNN and MKL on their AVX2 kernels, as there.
-          "avx2_cpu": {"TF_ENABLE_ONEDNN_OPTS": "0", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                       "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+          # An AVX2 CPU as tfpar runs it (oneDNN capped at AVX: tfpar.host.onednn.AVX2_CHOICE),
+          # and as TensorFlow alone runs it (Eigen's kernels, built for AVX).
+          "avx2_cpu": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX"},
+          "avx2_cpu_eigen": {"TF_ENABLE_ONEDNN_OPTS": "0"}}
+# PyTorch's settings where they differ from TensorFlow's: on an AVX2 CPU its oneDNN and MKL run
+# their AVX2 kernels.
+PEER_ONEDNN = {setting: {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+               for setting in ("avx2_cpu", "avx2_cpu_eigen")}
 # What a configuration's DTYPE=auto would mean: only tfpar's own configurations take it
 # (``tfpar.training.recommend``); a peer has no such choice.
 TAKES_AUTO = ("tfpar_",)
@@ -105,7 +109,9 @@ def main() -> None:
                    if any(o.split("@")[0] == k for o in only)}
     runs = {(f"{name}@{dtype}" if len(dtypes) > 1 else name)
             + (f"%{setting}" if len(onednn) > 1 else ""):
-            (command, {**extra, **ONEDNN[setting]}, dtype)
+            (command, {**extra, **ONEDNN[setting],
+                       **(PEER_ONEDNN.get(setting, {}) if name.startswith("torch") else {})},
+             dtype)
             for setting in onednn
             for dtype in dtypes for name, (command, extra) in configs.items()
             if (dtype != "auto" or name.startswith(TAKES_AUTO))

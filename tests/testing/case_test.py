@@ -6,6 +6,7 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
+from cpu_kernels import needs_bfloat16_kernels
 
 from tfpar import data as data_lib
 from tfpar import devices
@@ -121,6 +122,7 @@ class RoundingReachTest(testing.StrategyTestCase):
             self.assert_matches(reordered_training(scale=1.01), cancelling=False)
 
 
+@needs_bfloat16_kernels
 class MixedPrecisionTest(testing.StrategyTestCase):
     """The equivalence helper under a mixed policy: its own tolerance, and it still fails on
     wrong training."""

@@ -9,6 +9,8 @@ from unittest import mock
 import keras
 import tensorflow as tf
 from absl.testing import parameterized
+from cpu_kernels import BFLOAT16_REASON
+from cpu_kernels import BFLOAT16_WITHOUT_KERNELS
 
 from tfpar import data
 from tfpar import strategies
@@ -17,6 +19,7 @@ from tfpar import training
 from tfpar.errors import ConfigError
 from tfpar.host import onednn
 from tfpar.strategies import registry
+from tfpar.training import run
 
 
 def splits():
@@ -31,6 +34,8 @@ class OptionsTest(testing.StrategyTestCase):
     @parameterized.product(strategy=("mirrored", "allreduce"),
                            dtype=("mixed_float16", "mixed_bfloat16"))
     def test_mixed_precision_trains_and_restores_the_policy(self, strategy, dtype):
+        if "bfloat16" in dtype and BFLOAT16_WITHOUT_KERNELS:
+            self.skipTest(BFLOAT16_REASON)
         result = training.train_on_devices(
             dataclasses.replace(CONFIG, strategy=strategy, dtype=dtype), 2, splits())
         self.assertTrue(all(map(math.isfinite, result.history["loss"])))
@@ -98,13 +103,17 @@ class OptionsTest(testing.StrategyTestCase):
             training.train_on_devices(dataclasses.replace(CONFIG, jit_compile=True), 2,
                                       splits())
 
-    def test_mixed_precision_is_refused_under_onednns_avx_kernels(self):
-        # They have no bfloat16 or float16 convolution: one line before any step, not an abort.
-        capped = onednn.choose({"sse4_2", "avx", "avx2", "fma"}, {onednn.POLICY_ENV: "avx"})
+    def test_bfloat16_is_refused_where_the_cap_leaves_it_without_kernels(self):
+        # An AVX-512 CPU capped at AVX by hand: one line before any step, not an abort.
+        zen4 = {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"}
+        capped = onednn.choose(zen4, {onednn.ENABLE_ENV: "1", onednn.CAP_ENV: "AVX"})
         with mock.patch.object(onednn, "current", return_value=capped), \
+                mock.patch.object(run, "cpu_flags", return_value=zen4), \
                 self.assertRaisesRegex(ConfigError, r"^dtype=mixed_bfloat16 has no convolution "
-                                                    r"in oneDNN's AVX kernels, which this "
-                                                    r"process runs \(on, capped at AVX"):
+                                                    r"under ONEDNN_MAX_CPU_ISA=AVX on this "
+                                                    r"AVX-512 CPU, where TensorFlow hands "
+                                                    r"bfloat16 ops to oneDNN: use float32, or "
+                                                    r"start without ONEDNN_MAX_CPU_ISA\.$"):
             training.train_on_devices(dataclasses.replace(CONFIG, dtype="mixed_bfloat16"), 2,
                                       splits())
 

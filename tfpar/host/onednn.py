@@ -32,8 +32,7 @@ ENABLE_ENV = "TF_ENABLE_ONEDNN_OPTS"
 CAP_ENV = "ONEDNN_MAX_CPU_ISA"
 """oneDNN's cap on the vector extension its kernels use (``AVX``, ``AVX2``, ...)."""
 POLICY_ENV = "TFPAR_ONEDNN"
-"""``tensorflow``: tfpar leaves TensorFlow's rule alone; unset or ``auto``: tfpar chooses;
-``avx``: on an AVX2 CPU, :data:`AVX_CAPPED` (float32 only)."""
+"""``tensorflow``: tfpar leaves TensorFlow's rule alone; unset or ``auto``: tfpar chooses."""
 SET_BY_TFPAR_ENV = "TFPAR_ONEDNN_SET"
 """The settings tfpar wrote (``TF_ENABLE_ONEDNN_OPTS=1 ONEDNN_MAX_CPU_ISA=AVX``), so that the
 processes that inherit them tell tfpar's choice from the user's."""
@@ -72,32 +71,35 @@ class Choice:
         return f"{state}{capped} ({self.decided_by}: {self.reason})"
 
 
-AVX2_CHOICE: Mapping[str, str] = {}
-"""What tfpar sets on an x86 CPU with AVX2 but none of :data:`TENSORFLOW_ONEDNN_FLAGS`: nothing,
-so oneDNN stays off there, as TensorFlow leaves it; ``TFPAR_ONEDNN=avx`` asks for
-:data:`AVX_CAPPED` instead.
+AVX2_CHOICE: Mapping[str, str] = {ENABLE_ENV: "1", CAP_ENV: "AVX"}
+"""What tfpar sets on an x86 CPU whose widest extension is AVX2 (no AVX-512F and none of
+:data:`TENSORFLOW_ONEDNN_FLAGS`): oneDNN on, capped at its AVX kernels.
 
-With Eigen's kernels several logical devices of one CPU train at about half the speed of one
-device there. oneDNN's own AVX2 kernels are faster, but those of the oneDNN TensorFlow 2.21
-ships (3.7) corrupt the heap when they compute a convolution's weight gradient on one thread
-with fewer than 8 channels (``jit:avx2`` and ``jit_1x1:avx2`` ``backward_weights`` in
-``ONEDNN_VERBOSE``; the 1x1 stride-2 shape is oneDNN#6035): a small ResNet with a 4-channel
-stage dies with "double free or corruption" or a segmentation fault in every run with one
-intra-op thread, which is what a logical device of a small machine gets. Capped at AVX, oneDNN
-never dispatches those kernels and the same runs train, but it has no bfloat16 or float16
-convolution below AVX-512: a mixed-precision model fails to create its convolution ("could not
-create a primitive descriptor") or the process aborts, in the README's suite. So the cap is not
-a default: it is safe for float32 models only.
+TensorFlow leaves oneDNN off there, and with Eigen's kernels several logical devices of one CPU
+train at about half the speed of one device. oneDNN's own AVX2 kernels are faster, but those of
+the oneDNN TensorFlow 2.21 ships (3.7) corrupt the heap when they compute a convolution's
+weight gradient on one thread with fewer than 8 channels (``jit:avx2`` and ``jit_1x1:avx2``
+``backward_weights`` in ``ONEDNN_VERBOSE``; the 1x1 stride-2 shape is oneDNN#6035): a small
+ResNet with a 4-channel stage dies with "double free or corruption" or a segmentation fault in
+every run with one intra-op thread, which is what a logical device of a small machine gets.
+Capped at AVX, oneDNN never dispatches those kernels (weight gradients go to its matrix
+products) and the same runs train. Paired rounds on an AMD EPYC Zen 4 running these kernels
+against Eigen's (the same binary code as on an AVX2 CPU) put 2 devices at 1.34x (LeNet) and
+2.1x (ResNet-18) of 2 devices on Eigen, and one device at about 1.24x (ResNet-18) and 0.61x (LeNet).
+
+bfloat16 and float16 stay on Eigen's kernels: TensorFlow hands oneDNN a bfloat16 op only on a
+CPU with AVX-512F or AVX-NE-CONVERT, and a float16 op only with AVX512-FP16 or AVX-NE-CONVERT
+(``IsDataTypeSupportedByOneDNNOnThisCPU``), and logs that it falls back otherwise. (On an
+AVX-512 CPU capped at AVX by hand, TensorFlow does hand oneDNN bfloat16 convolutions, which then
+have no kernel: :func:`bfloat16_without_kernels`.)
 """
-AVX_CAPPED: Mapping[str, str] = {ENABLE_ENV: "1", CAP_ENV: "AVX"}
-"""What ``TFPAR_ONEDNN=avx`` sets on an AVX2 CPU: oneDNN on, capped at AVX. Paired rounds on an
-AMD EPYC Zen 4 running these kernels against Eigen's (the same binary code as on an AVX2 CPU)
-put 2 devices at 1.34x (LeNet) and 2.1x (ResNet-18) of 2 devices on Eigen, and above one device
-of the same kernels with LeNet; float32 only (see :data:`AVX2_CHOICE`)."""
-AVX2_REASON = ("an AVX2 CPU: oneDNN would be faster, but its AVX2 convolutions corrupt memory "
-               "on one thread with fewer than 8 channels, so it stays off as TensorFlow leaves "
-               "it (TFPAR_ONEDNN=avx caps it at AVX for float32 models)")
+AVX2_REASON = ("an AVX2 CPU: oneDNN's AVX kernels train faster than TensorFlow's Eigen kernels "
+               "there, and its AVX2 convolutions corrupt memory on one thread with fewer than 8 "
+               "channels")
 """Why, in the words :func:`choose` reports."""
+POLICIES = ("auto", "tensorflow")
+"""The values ``TFPAR_ONEDNN`` takes."""
+_BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 
 
 def _parse_bool(value: str) -> bool | None:
@@ -134,28 +136,47 @@ def choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
                           f"{ENABLE_ENV}={environ[ENABLE_ENV]!r} is not 0, 1, false or true, "
                           "so TensorFlow keeps its default")
         return Choice(on, cap, "you", f"{ENABLE_ENV}={environ[ENABLE_ENV]}")
+    policy = environ.get(POLICY_ENV, "auto").strip().lower() or "auto"
+    if policy not in POLICIES:
+        return Choice(bool(default), cap, "tensorflow", f"{POLICY_ENV}={environ[POLICY_ENV]!r} "
+                      f"is not {' or '.join(POLICIES)}, so TensorFlow's rule applies")
     if default is None or flags is None:
         return Choice(False, cap, "tensorflow", "not an x86 CPU tfpar knows, or its flags are "
                       "not readable: TensorFlow's own rule applies")
     if default:
         return Choice(True, cap, "tensorflow", "the CPU has AVX512_VNNI, AVX512_BF16, AVX_VNNI "
                       "or AMX, for which TensorFlow turns oneDNN on")
-    policy = environ.get(POLICY_ENV, "auto").lower()
     if policy == "tensorflow":
         return Choice(False, cap, "tensorflow", f"{POLICY_ENV}=tensorflow")
-    if "avx2" not in flags:
-        return Choice(False, cap, "tensorflow", "no AVX2: not measured, TensorFlow's rule "
-                      "(off) applies")
+    if "avx2" not in flags or "avx512f" in flags:
+        return Choice(False, cap, "tensorflow", "no AVX2, or AVX-512 without VNNI or BF16: not "
+                      "measured, TensorFlow's rule (off) applies")
     if cap is not None:  # The user chose the kernels: tfpar turns nothing on under them.
         return Choice(False, cap, "tensorflow", f"{CAP_ENV}={cap} is set: tfpar leaves oneDNN "
                       f"off, as TensorFlow does here ({ENABLE_ENV}=1 turns it on)")
-    if policy == "avx":
-        return Choice(True, AVX_CAPPED[CAP_ENV], "tfpar", f"{POLICY_ENV}=avx on an AVX2 CPU: "
-                      "oneDNN's AVX kernels, float32 only", environment=_with_marker(AVX_CAPPED))
     setting = dict(AVX2_CHOICE)
     on = _parse_bool(setting.get(ENABLE_ENV, "0")) is True
     return Choice(on, setting.get(CAP_ENV, cap) if on else cap, "tfpar", AVX2_REASON,
                   environment=_with_marker(setting))
+
+
+def bfloat16_without_kernels(choice: Choice, flags: set[str] | None) -> bool:
+    """Whether bfloat16 convolutions have no kernel under ``choice`` on a CPU with ``flags``.
+
+    TensorFlow hands oneDNN its bfloat16 ops on a CPU with AVX-512F (or AVX-NE-CONVERT); capped
+    below AVX-512, oneDNN then has no bfloat16 convolution ("could not create a primitive
+    descriptor"). On a CPU without either, TensorFlow keeps bfloat16 on Eigen's kernels, so
+    tfpar's own cap on AVX2 CPUs is never this case.
+
+    Args:
+        choice: The oneDNN choice in force.
+        flags: The CPU's flags, ``None`` where unknown.
+
+    Returns:
+        True where a bfloat16 convolution would fail.
+    """
+    return bool(choice.on and choice.cap and choice.cap.upper() in _BELOW_AVX512 and flags
+                and ("avx512f" in flags or "avx_ne_convert" in flags))
 
 
 def _written_by_tfpar(environ: Mapping[str, str]) -> set[str]:

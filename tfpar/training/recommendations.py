@@ -159,17 +159,17 @@ def cpu_split_note(num_devices: int, device_types: set[str] | None = None) -> st
     batch: ResNet-18 on 2 devices trains at 0.56x of one device (paired rounds, AMD EPYC
     Zen 4 with oneDNN off) and at 0.53x on an AMD EPYC Zen 3, where TensorFlow leaves oneDNN
     off. Several devices then serve testing and exactness, not speed. Where tfpar caps oneDNN
-    at AVX for several devices (an AVX2 CPU, :data:`tfpar.host.onednn.AVX2_CHOICE`), one
-    device alone may train faster on Eigen's kernels: LeNet at 1.6x, ResNet-18 not (0.8x;
-    paired rounds on an AMD EPYC Zen 4 running the same kernels).
+    at AVX (an AVX2 CPU, :data:`tfpar.host.onednn.AVX2_CHOICE`), several devices train faster
+    than on Eigen, but one device alone may train faster on Eigen's kernels: LeNet at 1.6x,
+    ResNet-18 not (0.8x; paired rounds on an AMD EPYC Zen 4 running the same kernels).
     """
     if device_types is not None and device_types != {"CPU"}:
         return None
     choice = onednn.current()
     if num_devices == 1 and choice.on and choice.decided_by == "tfpar" and choice.cap:
         return (f"on one device TensorFlow's Eigen kernels ({onednn.ENABLE_ENV}=0) may train "
-                f"faster than oneDNN capped at {choice.cap}, which tfpar chooses on this CPU for "
-                "several devices (LeNet-sized convolutions do, larger ones not): time both")
+                f"faster than oneDNN capped at {choice.cap}, which tfpar chooses on this CPU "
+                "(LeNet-sized convolutions do, larger ones not): time both")
     if num_devices < 2 or choice.on:
         return None
     return (f"{num_devices} logical devices of one CPU train slower than one device here: "

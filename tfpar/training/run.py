@@ -37,6 +37,7 @@ from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
 from tfpar.host import onednn
+from tfpar.host.machine import cpu_flags
 from tfpar.training import evaluation
 from tfpar.training import recommendations
 from tfpar.training import schedules
@@ -117,11 +118,12 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
     if split and cluster_spec.is_chief(strategy):
         print(f"Note: {split}.", flush=True)
     kernels = onednn.current()
-    if (config.dtype != "float32" and kernels.on and kernels.cap == "AVX"
+    if ("bfloat16" in config.dtype and onednn.bfloat16_without_kernels(kernels, cpu_flags())
             and any(name.startswith("CPU") for name in device_set)):
-        raise ConfigError(f"{{argument}}={config.dtype} has no convolution in oneDNN's AVX "
-                          f"kernels, which this process runs ({kernels.describe()}): use "
-                          "float32, or start without TFPAR_ONEDNN=avx.", argument="dtype")
+        raise ConfigError(f"{{argument}}={config.dtype} has no convolution under "
+                          f"{onednn.CAP_ENV}={kernels.cap} on this AVX-512 CPU, where TensorFlow "
+                          "hands bfloat16 ops to oneDNN: use float32, or start without "
+                          f"{onednn.CAP_ENV}.", argument="dtype")
     if batch_size < strategy.num_replicas_in_sync:
         raise ConfigError(f"The global batch size ({batch_size}) is smaller than the number of "
                           f"replicas ({strategy.num_replicas_in_sync}); every replica needs at "
