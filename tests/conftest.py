@@ -2,7 +2,8 @@
 
 - The folders of the modules tests import by name are on the import path: the worker programs
   (``tests/cluster``), the exactness matrix's models and the guides' blocks
-  (``tests/end_to_end``), the Ray jobs (``tests``).
+  (``tests/end_to_end``), the Ray jobs and the skips for kernels a CPU setting leaves out
+  (``tests``).
 - :func:`checkpoint_values` reads a saved training state.
 """
 
