@@ -251,9 +251,7 @@ class OptimizerUnderKerasStepTest(testing.StrategyTestCase):
                            r"tf.distribute's .* 'allreduce' strategy", use_ema=True,
                            ema_overwrite_frequency=2)
 
-    def test_central_storage_refuses_ema_and_constraints(self):
-        self.assertRefused("central_storage", r"Keras cannot apply use_ema=True under "
-                           r"'central_storage'", use_ema=True)
+    def test_central_storage_refuses_constraints(self):
         with self.strategy("central_storage", 2).scope():
             model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(
                 2, kernel_constraint=keras.constraints.NonNeg())])
@@ -264,8 +262,7 @@ class OptimizerUnderKerasStepTest(testing.StrategyTestCase):
 
     @testing.for_each_strategy(num_devices=(2,), names=("mirrored", "central_storage"))
     def test_weight_decay_and_ema_equal_one_device(self, strategy_name, num_devices):
-        ema = strategy_name == "mirrored"
-        self.assertMatchesSingleDevice(self.build(weight_decay=0.05, use_ema=ema),
+        self.assertMatchesSingleDevice(self.build(weight_decay=0.05, use_ema=True),
                                        dataset("sequential", uneven=False),
                                        self.strategy(strategy_name, 2))
 

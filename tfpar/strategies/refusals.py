@@ -12,9 +12,11 @@ the base class checks them once per ``Strategy.run`` of a model's step. As of Te
   ``gradient_accumulation_steps`` and ``ema_overwrite_frequency``. Keras applies them inside
   ``tf.cond``, where TensorFlow forbids the cross-replica update (``RuntimeError: merge_call
   called while defining a new graph``), even on one device.
-- :data:`REPLICA_ASSIGNS` (``central_storage``): ``use_ema`` and variable constraints. Keras
-  assigns the variables in the replica context, which ``CentralStorageStrategy`` forbids for
-  variables without an aggregation (``ValueError: You must specify an aggregation method``).
+- :data:`REPLICA_ASSIGNS` (``central_storage``): variable constraints. Keras assigns the
+  trainable variables in the replica context, which ``CentralStorageStrategy`` forbids for
+  variables without an aggregation (``ValueError: You must specify an aggregation method``);
+  non-trainable ones (``use_ema``'s averages, layers' state) get one in its scope
+  (:func:`tfpar.strategies.central_storage.aggregated_state`).
 - :data:`CLIPPING_PER_REPLICA` (warned once, several replicas): ``clipnorm``,
   ``global_clipnorm``, ``clipvalue``. Keras clips each replica's gradient before the
   all-reduce, so training differs from one device.
@@ -135,13 +137,11 @@ def _replica_assigns(strategy: TfparStrategy, step: KerasStep) -> None:
         return
     constrained = [v.path for v in step.model.trainable_variables
                    if getattr(v, "constraint", None) is not None]
-    used = (["use_ema=True"] if optimizer.use_ema else []) + (
-        [f"constraints on {', '.join(constrained)}"] if constrained else [])
-    if used:
+    if constrained:
         raise ConfigError(
-            f"Keras cannot apply {' and '.join(used)} under 'central_storage' (it assigns "
-            "the variables where the strategy forbids it). Train with 'mirrored' or "
-            "'allreduce'.")
+            f"Keras cannot apply constraints on {', '.join(constrained)} under "
+            "'central_storage' (it assigns the variables where the strategy forbids it). Train "
+            "with 'mirrored' or 'allreduce'.")
 
 
 def _clipping_per_replica(strategy: TfparStrategy, step: KerasStep) -> None:
@@ -208,7 +208,7 @@ optimizer: refused under every mirrored-family strategy.
 """
 REPLICA_ASSIGNS = Refusal("replica_assigns", ("train_step",), _replica_assigns,
                           checks_replaced_steps=False)
-""": ``use_ema`` and constraints: refused under ``central_storage``."""
+""": Variable constraints: refused under ``central_storage``."""
 CLIPPING_PER_REPLICA = Refusal("clipping_per_replica", ("train_step",), _clipping_per_replica,
                                checks_replaced_steps=False)
 """: Gradient clipping before the all-reduce: warned once on several replicas."""
