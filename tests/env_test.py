@@ -87,7 +87,7 @@ class CpuTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        # A cap the suite runs under (the user's, or TFPAR_ONEDNN=avx's) is not these tests'.
+        # A cap the suite runs under (the user's, or tfpar's on an AVX2 CPU) is not these tests'.
         cap = os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
         if cap is not None:
             self.addCleanup(os.environ.__setitem__, "ONEDNN_MAX_CPU_ISA", cap)
