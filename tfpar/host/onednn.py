@@ -154,10 +154,8 @@ def choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
     if cap is not None:  # The user chose the kernels: tfpar turns nothing on under them.
         return Choice(False, cap, "tensorflow", f"{CAP_ENV}={cap} is set: tfpar leaves oneDNN "
                       f"off, as TensorFlow does here ({ENABLE_ENV}=1 turns it on)")
-    setting = dict(AVX2_CHOICE)
-    on = _parse_bool(setting.get(ENABLE_ENV, "0")) is True
-    return Choice(on, setting.get(CAP_ENV, cap) if on else cap, "tfpar", AVX2_REASON,
-                  environment=_with_marker(setting))
+    return Choice(True, AVX2_CHOICE[CAP_ENV], "tfpar", AVX2_REASON,
+                  environment=_with_marker(AVX2_CHOICE))
 
 
 def bfloat16_without_kernels(choice: Choice, flags: set[str] | None) -> bool:

@@ -34,10 +34,9 @@ def aggregated_state(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
     """
     aggregation = kwargs.get("aggregation")
     if not kwargs.get("trainable", True) and aggregation in (None, tf.VariableAggregation.NONE):
-        dtype = kwargs.get("dtype")
-        if dtype is None:
-            initial = kwargs.get("initial_value")
-            dtype = getattr(initial() if callable(initial) else initial, "dtype", None)
+        # Keras passes the dtype; an initial value is never called here (an initializer may
+        # draw random numbers).
+        dtype = kwargs.get("dtype") or getattr(kwargs.get("initial_value"), "dtype", None)
         floating = dtype is not None and tf.as_dtype(dtype).is_floating
         kwargs["aggregation"] = (tf.VariableAggregation.MEAN if floating
                                  else tf.VariableAggregation.ONLY_FIRST_REPLICA)
