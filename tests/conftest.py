@@ -5,12 +5,18 @@
   (``tests/end_to_end``), the Ray jobs and the skips for kernels a CPU setting leaves out
   (``tests``).
 - :func:`checkpoint_values` reads a saved training state.
+- Every test ends with the signal handlers it began with: a CLI ``main`` run in-process leaves
+  those a real program keeps until it exits (after its error line, Ctrl-C is ignored), which
+  would otherwise change how later tests in the same worker are interrupted.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _folder in (HERE, os.path.join(HERE, "end_to_end"), os.path.join(HERE, "cluster")):
@@ -28,3 +34,15 @@ def checkpoint_values(folder: str, prefixes: tuple[str, ...] = MODEL_AND_OPTIMIZ
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(folder))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if name.startswith(prefixes)}
+
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    before = {signum: signal.getsignal(signum) for signum in _HANDLED}
+    yield
+    for signum, handler in before.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)

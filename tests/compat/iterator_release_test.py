@@ -39,6 +39,9 @@ class IteratorReleaseTest(testing.StrategyTestCase):
                 time.sleep(30)
                 waited.set()
 
+        # Ctrl-C as a program has it (Python's default), whatever ran before in this process.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
         releaser = iterator_release._Releaser()
         releaser.put({"iterator": Waits()})
         threading.Timer(0.5, signal.pthread_kill, (threading.get_ident(), signal.SIGINT)).start()
