@@ -1,9 +1,8 @@
 """World-size invariance across processes: ``multi_worker_allreduce`` with ``virtual_replicas=4``
-on 2 workers and on 4 ends bit for bit where one process of 4 devices ends, and so does a job
-that shrinks from 4 workers to 2 inside an epoch and grows back, every variable of every replica
-(``tests/allreduce/virtual_replicas_test.py`` has one process). On CPUs a worker runs one
-replica (TensorFlow's multi-worker strategy takes one CPU device), so workers of several
-devices (GPUs) are not run here."""
+on 2 workers of 1 device, 2 workers of 2 devices (logical CPU devices, as a worker's GPUs) and
+4 workers of 1 ends bit for bit where one process of 4 devices ends, and so does a job that
+shrinks from 4 workers to 2 inside an epoch and grows back, every variable of every replica
+(``tests/allreduce/virtual_replicas_test.py`` has one process)."""
 
 import io
 import os
@@ -64,12 +63,14 @@ class MultiWorkerInvarianceTest(tf.test.TestCase):
     def test_the_same_weights_on_any_number_of_workers_through_a_shrink_and_a_growth(self):
         base = self.get_temp_dir()
         expected = self.one_process(base)
-        for workers, local in ((2, 1), (4, 1)):
+        for workers, local in ((2, 1), (2, 2), (4, 1)):
             with self.subTest(workers=workers, local=local):
                 folder = os.path.join(base, f"{workers}x{local}")
                 status, output = self.job(folder, workers, local)
                 self.assertEqual(status, 0, output[-3000:])
-                self.assertSameBits(expected, self.copies(folder, workers))
+                copies = self.copies(folder, workers)
+                self.assertEqual({len(c) for c in copies.values()}, {workers * local})
+                self.assertSameBits(expected, copies)
         # 4 workers stopped by a notice inside epoch 2, 2 go on and are stopped inside epoch 3,
         # 4 finish: the shards, and so the sums, are the same on each.
         elastic = os.path.join(base, "elastic")

@@ -20,6 +20,8 @@ against (:mod:`.versions`) and a test that fails without it:
   Keras's multi-step loop across workers (used by :mod:`.keras_fixes`);
 - :mod:`.mid_epoch_resume`: ``fit`` starting a resumed epoch at the step its state was saved
   at (installed with :mod:`.keras_fixes`);
+- :mod:`.multi_worker_cpus`: a multi-worker strategy's replicas on a worker's logical CPU
+  devices (TensorFlow's takes one CPU device per worker);
 - :mod:`.coordination_values`: keys the workers of a job share through the coordination
   service (the step every worker stops at after a preemption notice).
 

@@ -30,24 +30,17 @@ from typing import Any
 from tfpar.compat import versions
 
 VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
+_MODULE = "tensorflow.python.distribute.cross_device_utils"
 _SWITCH = "_prefer_unique_instance_key"
 
 
 def _launcher_class() -> Any:
-    return importlib.import_module(
-        "tensorflow.python.distribute.cross_device_utils").CollectiveReplicaLauncher
+    return importlib.import_module(_MODULE).CollectiveReplicaLauncher
 
 
 def skip_reason() -> str | None:
     """Why keys cannot be assigned when traced on this TensorFlow (``None``: they can)."""
-    import tensorflow as tf
-
-    if not versions.tensorflow_verified(tf.__version__):
-        return (f"TensorFlow {tf.__version__} is outside the versions it was verified against "
-                f"({versions.tensorflow_range_text()})")
-    if not hasattr(_launcher_class(), _SWITCH):
-        return f"TensorFlow {tf.__version__} has no CollectiveReplicaLauncher.{_SWITCH}"
-    return None
+    return versions.tensorflow_member_skip_reason(_MODULE, "CollectiveReplicaLauncher", _SWITCH)
 
 
 @contextlib.contextmanager

@@ -71,6 +71,30 @@ def tensorflow_range_text() -> str:
             f"and the preview {PREVIEWS['tensorflow']}")
 
 
+def tensorflow_member_skip_reason(module: str, owner: str, member: str) -> str | None:
+    """Why a workaround that uses ``owner.member`` of TensorFlow's private ``module`` does not
+    apply here (``None``: it does). The module is imported only inside the verified range.
+
+    Args:
+        module: The private module, e.g. ``"tensorflow.python.distribute.cross_device_utils"``.
+        owner: The class in it.
+        member: The attribute of the class the workaround sets.
+
+    Returns:
+        ``None``, or the reason in words for a log line or an error.
+    """
+    import importlib
+
+    import tensorflow as tf
+
+    if not tensorflow_verified(tf.__version__):
+        return (f"TensorFlow {tf.__version__} is outside the versions it was verified against "
+                f"({tensorflow_range_text()})")
+    if not hasattr(getattr(importlib.import_module(module), owner), member):
+        return f"TensorFlow {tf.__version__} has no {owner}.{member}"
+    return None
+
+
 def keras_skip_reason(keras_version: str) -> str | None:
     """Why Keras workarounds are not used on ``keras_version`` (``None``: they are).
 

@@ -4,6 +4,7 @@ connected) for the ``multi_worker`` and ``multi_worker_allreduce`` entries."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -13,6 +14,7 @@ from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import coordination
+from tfpar.compat import multi_worker_cpus
 from tfpar.errors import OptionValueError
 from tfpar.host import worker_threads
 from tfpar.strategies.base import TfparStrategy
@@ -35,7 +37,8 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
 
     Args:
         strategy_class: ``tf.distribute.MultiWorkerMirroredStrategy`` or a subclass.
-        devices: This worker's devices (one CPU, or its GPUs).
+        devices: This worker's devices: its GPUs, or logical CPU devices (one replica each;
+            several only where :mod:`tfpar.compat.multi_worker_cpus` applies).
         options: How to find and talk to the peers.
         bytes_per_pack: Gradient bucket size of TensorFlow's all-reduce.
         **extra: More arguments of ``strategy_class``.
@@ -51,9 +54,11 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     if options.implementation == "nccl" and not devices.is_gpu_only:
         raise OptionValueError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
                                "Use 'ring' or 'auto'.")
-    if not devices.is_gpu_only and len(devices) != 1:
-        raise OptionValueError("On CPUs each multi_worker process runs one replica; use one "
-                               f"device per worker and more workers. Received: {devices}.")
+    several_cpus = not devices.is_gpu_only and len(devices) > 1
+    if several_cpus and multi_worker_cpus.skip_reason():
+        raise OptionValueError(
+            f"A multi_worker process runs one CPU replica here ({multi_worker_cpus.skip_reason()}"
+            f"); use one device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     resolver = cluster_spec.resolver(options.cluster, options.worker_hosts, options.task_index)
     worker_threads.set_threads(cluster_spec.tasks_on_this_host(resolver))
@@ -69,7 +74,12 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     if resolver is not None and resolver.cluster_spec().jobs:
         coordination.configure(resolver.cluster_spec(), resolver.task_type,
                                options.heartbeat_timeout, options.cluster_timeout)
-    return cluster_peers.connect(
-        lambda: strategy_class(cluster_resolver=resolver, communication_options=communication,
-                               **extra),
-        resolver, options.cluster_timeout)
+
+    def build() -> tf.distribute.Strategy:
+        # Several logical CPU devices: one replica each, as a worker's GPUs are.
+        with (multi_worker_cpus.local_cpu_devices(devices.tf_names) if several_cpus
+              else contextlib.nullcontext()):
+            return strategy_class(cluster_resolver=resolver, communication_options=communication,
+                                  **extra)
+
+    return cluster_peers.connect(build, resolver, options.cluster_timeout)
