@@ -39,6 +39,16 @@ class BuiltinsTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(ConfigError, r"cross_device_ops='nccl' needs GPUs only"):
             strategies.get("mirrored", 2, cross_device_ops="nccl")
 
+    def test_a_multi_worker_process_refuses_cpus_and_gpus_together(self):
+        from tfpar.strategies import multi_worker
+        from tfpar.strategies.multi_worker_options import MultiWorkerOptions
+
+        with self.assertRaisesRegex(ConfigError, r"^A multi_worker process runs on its GPUs or "
+                                                   r"on CPU devices, not both\. Received: "
+                                                   r"\[CPU:0, GPU:0\]\.$"):
+            multi_worker.make(tf.distribute.MultiWorkerMirroredStrategy,
+                              devices.DeviceSet(("CPU:0", "GPU:0")), MultiWorkerOptions())
+
     def test_one_device_entries_refuse_two_devices(self):
         with self.assertRaisesRegex(RegistryError, r"Strategy 'one_device' runs on at most 1 "
                                                    r"device\(s\)\. Received: \[CPU:0, CPU:1\]"):

@@ -54,6 +54,9 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     if options.implementation == "nccl" and not devices.is_gpu_only:
         raise OptionValueError(f"implementation='nccl' needs GPUs; {devices} has other devices. "
                                "Use 'ring' or 'auto'.")
+    if not devices.is_gpu_only and any("/device:CPU:" not in n for n in devices.tf_names):
+        raise OptionValueError("A multi_worker process runs on its GPUs or on CPU devices, not "
+                               f"both. Received: {devices}.")
     several_cpus = not devices.is_gpu_only and len(devices) > 1
     if several_cpus and multi_worker_cpus.skip_reason():
         raise OptionValueError(
