@@ -10,8 +10,8 @@ run or tested on CPUs: not a 2 x 2 job's all-reduce, not the input dealt to two 
 of each worker, not ``virtual_replicas`` with two shards per worker.
 
 :func:`local_cpu_devices` has the strategy built inside it take the given logical CPU devices
-of the worker as its local devices, one replica each, exactly as it takes a
-worker's GPUs (the same collectives, a group of ``devices x workers``). Used by
+of the worker as its local devices, one replica each, exactly as it takes a worker's GPUs (the
+same collectives, a group of ``devices x workers``). Used by
 :func:`tfpar.strategies.multi_worker.make` for a set of several CPU devices, on the TensorFlow
 versions of :data:`VERIFIED_TENSORFLOW` only and imported behind that gate
 (:func:`skip_reason`); elsewhere such a set is refused in one line.
