@@ -58,10 +58,10 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
         raise OptionValueError("A multi_worker process runs on its GPUs or on CPU devices, not "
                                f"both. Received: {devices}.")
     several_cpus = not devices.is_gpu_only and len(devices) > 1
-    if several_cpus and multi_worker_cpus.skip_reason():
-        raise OptionValueError(
-            f"A multi_worker process runs one CPU replica here ({multi_worker_cpus.skip_reason()}"
-            f"); use one device per worker and more workers. Received: {devices}.")
+    reason = multi_worker_cpus.skip_reason() if several_cpus else None
+    if reason:
+        raise OptionValueError(f"A multi_worker process runs one CPU replica here ({reason}); use "
+                               f"one device per worker and more workers. Received: {devices}.")
     check_bytes_per_pack(bytes_per_pack, "one all-reduce of every gradient")
     resolver = cluster_spec.resolver(options.cluster, options.worker_hosts, options.task_index)
     worker_threads.set_threads(cluster_spec.tasks_on_this_host(resolver))
