@@ -26,6 +26,7 @@ from tfpar.allreduce.step import train_step
 from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
 from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
+from tfpar.strategies.refusals import OWN_STEP_WITH_VIRTUAL_REPLICAS
 from tfpar.strategies.refusals import KerasStep
 
 
@@ -87,7 +88,8 @@ class AllReduceStrategy(_AllReduceStep, tf.distribute.MirroredStrategy):
         step_options: The :class:`StepOptions` it trains with.
     """
 
-    refusals = KERAS_OPTIMIZER_UPDATE  # A model's own train_step calls the optimizer.
+    # A model's own train_step calls the optimizer.
+    refusals = (OWN_STEP_WITH_VIRTUAL_REPLICAS, *KERAS_OPTIMIZER_UPDATE)
 
     def __init__(self, devices: Sequence[str], cross_device_ops: tf.distribute.CrossDeviceOps,
                  step_options: StepOptions | None = None):
@@ -102,7 +104,7 @@ class MultiWorkerAllReduceStrategy(_AllReduceStep, tf.distribute.MultiWorkerMirr
         step_options: The :class:`StepOptions` it trains with (``collective`` only).
     """
 
-    refusals = (MULTI_STEP_EXECUTION, *KERAS_OPTIMIZER_UPDATE)
+    refusals = (MULTI_STEP_EXECUTION, OWN_STEP_WITH_VIRTUAL_REPLICAS, *KERAS_OPTIMIZER_UPDATE)
 
     def __init__(self, cluster_resolver, communication_options,
                  step_options: StepOptions | None = None):

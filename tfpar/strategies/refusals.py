@@ -201,6 +201,18 @@ def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
                           argument="steps_per_execution")
 
 
+def _own_step_with_virtual_replicas(strategy: TfparStrategy, step: KerasStep) -> None:
+    virtual = getattr(getattr(strategy, "step_options", None), "virtual_replicas", 0)
+    if step.is_keras_own or not virtual:
+        return
+    raise ConfigError(
+        f"virtual_replicas={virtual} cannot train a model with its own "
+        f"train_step ({type(step.model).__name__}.train_step): the same weights on any "
+        "number of replicas need the step that cuts each batch into the shards, which a "
+        "model's own step does not. Use Keras's train_step (override compute_loss instead), "
+        "or train without virtual_replicas.")
+
+
 KERAS_UPDATE_IN_COND = Refusal("keras_update_in_cond", ("train_step",), _update_in_cond,
                                checks_replaced_steps=False)
 """: ``gradient_accumulation_steps`` and ``ema_overwrite_frequency`` in a step that calls the :
@@ -216,6 +228,11 @@ MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_
 """: ``steps_per_execution > 1``: refused across workers where tfpar's fix is not applied."""
 XLA_ON_CPU_REPLICAS = Refusal("xla_on_cpu_replicas", KERAS_STEPS, _xla_on_cpu_replicas)
 """: ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy."""
+
+OWN_STEP_WITH_VIRTUAL_REPLICAS = Refusal("own_step_with_virtual_replicas", ("train_step",),
+                                         _own_step_with_virtual_replicas)
+""": A model's own ``train_step`` under ``virtual_replicas``: refused by the all-reduce
+strategies."""
 
 KERAS_OPTIMIZER_UPDATE = (KERAS_UPDATE_IN_COND, CLIPPING_PER_REPLICA)
 """: What a strategy running Keras's own optimizer update under ``MirroredStrategy`` refuses."""
