@@ -398,5 +398,98 @@ class OptionsTest(testing.StrategyTestCase):
             self.strategy("allreduce", 2, bytes_per_pack=-1)
 
 
+def vectors(examples: int, batch: int, tokens: bool = False, weights: bool = False
+            ) -> tf.data.Dataset:
+    """Six features (or six token ids below 20) and labels of 3 classes, in batches."""
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 20, (examples, 6)).astype("int32") if tokens
+         else rng.random((examples, 6), dtype=np.float32))
+    y = rng.integers(0, 3, examples)
+    parts = (x, y, rng.random(examples).astype("float32")) if weights else (x, y)
+    return tf.data.Dataset.from_tensor_slices(parts).batch(batch)
+
+
+def dense_model(reduction="sum_over_batch_size", regularizer=None):
+    def model_fn():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(
+            3, kernel_regularizer=regularizer)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.
+                      SparseCategoricalCrossentropy(from_logits=True, reduction=reduction))
+        return model
+
+    return model_fn
+
+
+def embedding_model():
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def dropout_model():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                              keras.layers.Dropout(0.5, seed=1), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class LossReductionTest(testing.StrategyTestCase):
+    """A sum loss stays whole on each replica; a mean loss is weighed by the replica's share."""
+
+    NUM_DEVICES = 4
+
+    @parameterized.named_parameters(("sum", "sum", None), ("sum_regularized", "sum", 0.5),
+                                    ("mean_regularized", "sum_over_batch_size", 0.5))
+    def test_uneven_shards_equal_one_device(self, reduction, l2):
+        # 19 examples in batches of 7: the last batch of 5 is cut 3 and 2.
+        regularizer = keras.regularizers.L2(l2) if l2 else None
+        self.assertMatchesSingleDevice(dense_model(reduction, regularizer), vectors(19, 7),
+                                       self.strategy("allreduce", 2))
+
+    def test_a_sum_loss_with_sample_weights_and_fp16_compression(self):
+        self.assertMatchesSingleDevice(dense_model("sum"), vectors(19, 7, weights=True),
+                                       self.strategy("allreduce", 2, gradient_compression="fp16"),
+                                       rtol=1e-2, atol=1e-3)
+
+    def test_a_mean_by_weight_with_weights_is_refused(self):
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = dense_model("mean_with_sample_weight")()
+        with self.assertRaisesRegex(ConfigError, "mean_with_sample_weight' and sample or class "
+                                                 "weights: each replica would divide"):
+            model.fit(vectors(8, 4, weights=True), verbose=0)
+
+    def test_which_losses_sum(self):
+        self.assertTrue(step.sums_losses(dense_model("sum")()))
+        self.assertFalse(step.sums_losses(dense_model()()))
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        model.compile(loss=["mse"])
+        self.assertFalse(step.sums_losses(model))
+
+
+class SparseGradientTest(testing.StrategyTestCase):
+
+    @parameterized.parameters(8, 9)
+    def test_an_embedding_equals_one_device(self, examples):
+        # 9 at 8: a last batch of 1, so one replica's shard is empty.
+        self.assertMatchesSingleDevice(embedding_model, vectors(examples, 8, tokens=True),
+                                       self.strategy("allreduce", 2))
+
+
+class RandomGeneratorsTest(testing.StrategyTestCase):
+
+    def test_a_replica_without_examples_draws_as_the_others(self):
+        # 9 at 8: the last batch of 1 leaves replica 1 no examples; its Dropout generator
+        # must still end where replica 0's does.
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = dropout_model()
+        model.fit(vectors(9, 8), verbose=0)
+        self.assertReplicasInSync(model)
+
+
 if __name__ == "__main__":
     tf.test.main()

@@ -3,6 +3,7 @@ bit-for-bit equality on 1, 2 and 4 devices, and what the mode refuses."""
 
 import keras
 import numpy as np
+import step_test
 import tensorflow as tf
 
 import tfpar
@@ -112,6 +113,33 @@ class WorldSizeInvarianceTest(testing.StrategyTestCase):
                 users_functional, dataset(), virtual_replicas=0, num_devices=(1, 2))
 
 
+class UsersModelsTest(testing.StrategyTestCase):
+    """Models and losses users train, each the same on any number of devices."""
+
+    NUM_DEVICES = 4
+
+    def test_dropout_with_a_batch_smaller_than_the_shards(self):
+        # 18 at 8: a last batch of 2, so shards 2 and 3 are empty (and on 4 devices so are
+        # replicas 2 and 3); their generators still end where the others' do.
+        self.assertSameOnAnyWorldSize(step_test.dropout_model, step_test.vectors(18, 8))
+
+    def test_a_sum_loss(self):
+        self.assertSameOnAnyWorldSize(step_test.dense_model("sum"), step_test.vectors(19, 8))
+
+    def test_a_sum_loss_equals_one_device_without_the_mode(self):
+        self.assertMatchesSingleDevice(step_test.dense_model("sum"), step_test.vectors(19, 8),
+                                       self.strategy("allreduce", 1, virtual_replicas=4))
+
+    def test_an_embedding(self):
+        self.assertSameOnAnyWorldSize(step_test.embedding_model,
+                                      step_test.vectors(18, 8, tokens=True))
+
+    def test_bfloat16(self):
+        keras.config.set_dtype_policy("bfloat16")
+        self.addCleanup(keras.config.set_dtype_policy, "float32")
+        self.assertSameOnAnyWorldSize(step_test.dense_model(), step_test.vectors(18, 8))
+
+
 class RefusalsTest(testing.StrategyTestCase):
     NUM_DEVICES = 4
 
@@ -137,6 +165,17 @@ class RefusalsTest(testing.StrategyTestCase):
                                       keras.layers.Dense(3)])
             model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         with self.assertRaisesRegex(ConfigError, "synchronized BatchNorm normalises over"):
+            model.fit(dataset(), epochs=1, verbose=0)
+
+    def test_a_models_own_train_step(self):
+        strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)
+        with strategy.scope():
+            inputs = keras.Input(IMAGE)
+            model = step_test.OwnStepModel(inputs, keras.layers.Dense(3)(
+                keras.layers.Flatten()(inputs)))
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with self.assertRaisesRegex(ConfigError, r"virtual_replicas=2 cannot train a model with "
+                                                 r"its own train_step \(OwnStepModel"):
             model.fit(dataset(), epochs=1, verbose=0)
 
 

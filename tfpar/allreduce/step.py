@@ -55,8 +55,10 @@ from keras import tree
 from tfpar.allreduce import algorithms
 from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
+from tfpar.compat import keras_fixes
 from tfpar.compat import keras_internals
 from tfpar.compat import optimizer_apply
+from tfpar.compat.keras_fixes import scaled_losses
 from tfpar.errors import ConfigError
 
 # The dtypes gradients may travel in (``StepOptions.gradient_compression``).
@@ -123,16 +125,74 @@ def _accepts_training(method) -> bool:
     return "training" in inspect.signature(method).parameters
 
 
-def _local_mean_loss(model: keras.Model, x, y, y_pred, sample_weight) -> tf.Tensor:
-    """This replica's mean loss over its own examples, regularisation included.
+_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
-    Keras's ``compute_loss`` (and every loss it adds up) divides by the number of replicas,
-    expecting the replicas' gradients to be summed; Keras itself multiplies that back for the
-    loss it logs, and so does this.
+
+def sums_losses(model: keras.Model) -> bool:
+    """Whether a compiled loss of ``model`` adds its examples' losses up rather than averaging
+    them (``reduction="sum"``, or none): such a loss must stay whole on each replica, where
+    a mean loss is weighed by the replica's share of the global batch.
+
+    Read from ``model.loss`` (what ``compile`` was given): a loss given by name or as a
+    function is Keras's mean (``sum_over_batch_size``).
+    """
+    return any(isinstance(loss, keras.losses.Loss) and loss.reduction not in _MEAN_REDUCTIONS
+               for loss in tree.flatten(getattr(model, "loss", None)))
+
+
+def _means_by_weight(model: keras.Model) -> list[str]:
+    """The compiled losses that divide by their examples' summed weights."""
+    return [getattr(loss, "name", type(loss).__name__)
+            for loss in tree.flatten(getattr(model, "loss", None))
+            if isinstance(loss, keras.losses.Loss)
+            and loss.reduction == "mean_with_sample_weight"]
+
+
+def _local_objective(model: keras.Model, x, y, y_pred, sample_weight, count: tf.Tensor,
+                     total: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """This replica's part of the global loss, and the loss it logs for its examples.
+
+    With ``total`` unknown (every loss a mean), the part is the *sum* of the replica's
+    examples' losses: Keras's ``compute_loss`` (and every loss it adds up) divides a mean loss
+    by the number of replicas, expecting their gradients to be summed; that is multiplied
+    back, then by the replica's example count, and the step divides the all-reduced sum by the
+    global count. With ``total`` known (a sum loss among them), Keras weighs each mean loss by
+    the replica's share of the global batch (``count / total``) and keeps each sum loss whole,
+    so the replicas' parts add up to the global loss itself.
+
+    Returns:
+        ``(objective, logged)``: what is differentiated, and the loss logged weighted by
+        ``count`` (its weighted replicas' sum is the global batch's loss).
     """
     kwargs = {"training": True} if _accepts_training(model.compute_loss) else {}
-    loss = model.compute_loss(x, y, y_pred, sample_weight, **kwargs)
-    return loss * tf.cast(tf.distribute.get_replica_context().num_replicas_in_sync, loss.dtype)
+    if total is None:
+        loss = model.compute_loss(x, y, y_pred, sample_weight, **kwargs)
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        mean = tf.cast(loss * tf.cast(replicas, loss.dtype), tf.float32)
+        return mean * count, mean
+    with scaled_losses.mean_losses_scaled_by(count / total):
+        loss = model.compute_loss(x, y, y_pred, sample_weight, **kwargs)
+    part = tf.cast(loss, tf.float32)
+    return part, tf.math.divide_no_nan(part * total, count)
+
+
+def _check_losses(model: keras.Model, sample_weight: Any) -> None:
+    """Raises for a compiled loss the step cannot weigh exactly across replicas."""
+    by_weight = _means_by_weight(model)
+    if by_weight and sample_weight is not None:
+        raise ConfigError(
+            f"The all-reduce step cannot train {', '.join(by_weight)} with "
+            "reduction='mean_with_sample_weight' and sample or class weights: each replica "
+            "would divide by its own examples' weights, not the batch's. Use "
+            "reduction='sum_over_batch_size' (Keras's default) or 'sum'.")
+    if sums_losses(model):
+        reason = keras_fixes.unavailable("scaled_loss_records")
+        if reason:
+            raise ConfigError(
+                "The all-reduce step weighs a loss with reduction='sum' through tfpar's fix "
+                f"'scaled_loss_records', not applied here: {reason}. Use "
+                "reduction='sum_over_batch_size' (Keras's default).")
+        keras_fixes.install(("scaled_loss_records",))
 
 
 def _synchronizes(layer: keras.layers.Layer) -> bool:
@@ -199,20 +259,22 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
     check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
         tree.map_structure(_unknown_if_empty, data))
+    _check_losses(model, sample_weight)
     step = _ReplicaStep(model, options)
-    if options.virtual_replicas:
-        return _virtual_replicas_step(model, options, step, (x, y, sample_weight))
     first_input = next(t for t in tree.flatten(x) if t is not None)
     count = tf.cast(tf.shape(first_input)[0], tf.float32)
-    # fp16 has too little range for a sum of losses' gradients: they are divided by the global
-    # count before the cast, so the count needs a reduction of its own, issued before the
-    # model runs (and needed only after the backward pass). Otherwise the count travels in the
-    # last bucket and the sums are divided after it: one collective fewer per step.
-    total = (algorithms.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
-                                       options.bytes_per_pack)[0][0]
-             if options.gradient_compression == "fp16" else None)
+    # A sum loss is weighed by the global count before the backward pass (see
+    # _local_objective); fp16 has too little range for a sum of losses' gradients, so they are
+    # divided by it before the cast. Either needs the count reduced on its own, issued before
+    # the model runs. Otherwise the count travels in the last bucket and the sums are divided
+    # after it: one collective fewer per step.
+    if step.weighs_in_loss or options.gradient_compression == "fp16":
+        step.total = algorithms.all_reduce_sum([tf.reshape(count, [1])], options.algorithm,
+                                               options.bytes_per_pack)[0][0]
+    if options.virtual_replicas:
+        return _virtual_replicas_step(model, options, step, (x, y, sample_weight))
     grads = step.local_gradients(x, y, sample_weight, count)
-    reduced_grads, reduced_states = step.all_reduce(grads, count, total)
+    reduced_grads, reduced_states = step.all_reduce(grads, count)
     # Identical on every replica, since the gradients were all-reduced. Only loss scaling
     # needs it (it is a pass over every gradient).
     finite = (tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in reduced_grads])
@@ -233,15 +295,17 @@ def _virtual_replicas_step(model: keras.Model, options: StepOptions, step: _Repl
     if step.loss_scale is not None:
         raise ConfigError("virtual_replicas cannot train with a LossScaleOptimizer (its scale "
                           "depends on the number of replicas); train in float32 or bfloat16.")
-    sums, total = virtual_replicas.train_step(
-        model, options, data, step._forward_backward, step._empty_shard)
-    grads = step._scaled(sums, total)
-    step._metric_states = [[v.value for v in metric.variables] for metric in model.metrics]
-    flat_states = [value for states in step._metric_states for value in states]
-    reduced_states = (algorithms.all_reduce_sum(flat_states, "collective", options.bytes_per_pack)
-                      if flat_states else [])
+    sums, total = virtual_replicas.train_step(model, options, data, step)
+    grads = step.scaled(sums, total)
+    reduced_states = step.reduced_metric_states()
     _apply(model.optimizer, [step.variables[i] for i in step.present], grads, tf.constant(True))
     return step.logs(reduced_states)
+
+
+def seed_states(model: keras.Model) -> list[Any]:
+    """The model's random generators' states (``[seed, counter]`` each: a draw adds 1 to the
+    counter)."""
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
 
 
 class _ReplicaStep:
@@ -252,6 +316,11 @@ class _ReplicaStep:
         variables: The model's trainable variables.
         present: Indices of the variables that get a gradient (known once traced).
         loss_scale: The ``LossScaleOptimizer``, if the model's optimizer is one.
+        seeds: The model's random generators' states.
+        weighs_in_loss: Whether a mean loss is weighed by the replica's share of the global
+            batch inside the loss (a sum loss among the compiled losses), rather than the
+            gradients' sum divided by the global count after the all-reduce.
+        total: The global example count, where it is reduced before the backward pass.
     """
 
     def __init__(self, model: keras.Model, options: StepOptions):
@@ -263,6 +332,9 @@ class _ReplicaStep:
         self.loss_scale_factor = optimizer_apply.inner_optimizer(model.optimizer).loss_scale_factor
         self.variables = model.trainable_variables
         self.present: list[int] = []
+        self.seeds = seed_states(model)
+        self.weighs_in_loss = sums_losses(model)
+        self.total: tf.Tensor | None = None
         self._metric_states: list[list] = []  # Read after the forward passes updated them.
 
     def local_gradients(self, x, y, sample_weight, count: tf.Tensor) -> list:
@@ -270,12 +342,14 @@ class _ReplicaStep:
         micro-batch (``accumulation_steps``), summed locally."""
         grads: list = []
         synchronizes = _synchronizes(self.model)
+        self._seeds_at_start = [tf.identity(v.value) for v in self.seeds]
+        self._ran = tf.constant(0.0)
         for micro, micro_count in _micro_batches((x, y, sample_weight), count,
                                                  self.options.accumulation_steps):
             micro_x, micro_y, micro_weight = micro
 
             def run_micro_batch(x=micro_x, y=micro_y, weight=micro_weight, n=micro_count):
-                return self._forward_backward(x, y, weight, n)
+                return self.forward_backward(x, y, weight, n)
 
             # One micro-batch after the other: the next starts once this one's gradients exist.
             with tf.control_dependencies(grads):
@@ -285,16 +359,19 @@ class _ReplicaStep:
                     step_grads = run_micro_batch()
                 else:
                     # tf.cond traces the forward pass first, which fills `present`.
-                    step_grads = tf.cond(micro_count > 0, run_micro_batch, self._empty_shard)
+                    step_grads = tf.cond(micro_count > 0, run_micro_batch, self.empty_shard)
+            self._ran += tf.cast(micro_count > 0, tf.float32)
             grads = [a + b for a, b in zip(grads, step_grads)] if grads else step_grads
         return grads
 
-    def _forward_backward(self, x, y, sample_weight, count) -> list:
+    def forward_backward(self, x, y, sample_weight, count) -> list:
+        """One shard's forward and backward pass: the gradient of its part of the global loss
+        (of the variables that get one, as dense tensors), its loss and metrics recorded."""
         model, loss_scale = self.model, self.loss_scale
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            mean = tf.cast(_local_mean_loss(model, x, y, y_pred, sample_weight), tf.float32)
-            objective = mean * count
+            objective, logged = _local_objective(model, x, y, y_pred, sample_weight, count,
+                                                 self.total if self.weighs_in_loss else None)
             if self.loss_scale_factor and loss_scale is None:
                 objective = objective * self.loss_scale_factor
             if loss_scale is not None:
@@ -302,61 +379,102 @@ class _ReplicaStep:
                 # does not: shrink it to about a mean first (by this replica's share of the
                 # global batch) and undo that in float32 below, so the sum stays exact.
                 replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-                shrink = 1.0 / (tf.maximum(count, 1.0) * replicas)
+                shrink = (tf.constant(1.0) if self.weighs_in_loss
+                          else 1.0 / (tf.maximum(count, 1.0) * replicas))
                 objective = loss_scale.scale_loss(objective * shrink)
         grads = tape.gradient(objective, self.variables)
+        # An Embedding's gradient is sparse (IndexedSlices); the empty shard's branch and the
+        # all-reduce's buckets are dense.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
         if loss_scale is not None:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
         if not self.present:
             self.present.extend(i for i, g in enumerate(grads) if g is not None)
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
         # mean. No public API updates the loss Keras logs (tfpar.compat.keras_internals).
-        keras_internals.loss_tracker(model).update_state(mean, sample_weight=count)
+        keras_internals.loss_tracker(model).update_state(logged, sample_weight=count)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return [grads[i] for i in self.present]
 
-    def _empty_shard(self) -> list:
+    def empty_shard(self) -> list:
+        """The zero gradients of a shard without examples."""
         # A replica with no examples (a batch smaller than the number of replicas) adds
         # nothing; it must not run the model (TensorFlow's CPU convolution backward fails on
         # an empty batch).
         return [tf.zeros_like(self.variables[i]) for i in self.present]
 
-    def _scaled(self, grads: list, total: tf.Tensor) -> list:
+    def scaled(self, grads: list, total: tf.Tensor) -> list:
+        """``grads`` divided by the global count ``total`` (unless the loss weighed them
+        already) and by the loss scale."""
         # Every replica scales by the same factors (1 / the global count, 1 / the loss
         # scale), so scaling before or after the sum is exact; fp16 scales before (into its
         # range), the others after (with the count from the last bucket).
-        scale = 1.0 / tf.maximum(total, 1.0)
+        scale = tf.constant(1.0) if self.weighs_in_loss else 1.0 / tf.maximum(total, 1.0)
         if self.loss_scale is not None:
             scale /= tf.cast(self.loss_scale.dynamic_scale, scale.dtype)
         if self.loss_scale_factor:
             scale /= self.loss_scale_factor
         return [g * tf.cast(scale, g.dtype) for g in grads]
 
-    def all_reduce(self, grads: list, count: tf.Tensor, total: tf.Tensor | None
-                   ) -> tuple[list, list]:
-        """All-reduces the gradients (in buckets, last layer first) with the metrics' states
-        and, unless ``total`` is known already, the example count in the last bucket.
+    def seed_draws(self) -> list[tf.Tensor]:
+        """How far this replica's shards moved each random generator, as float32 (0 where
+        a shard did not run)."""
+        return [tf.cast(v.value - start, tf.float32)
+                for v, start in zip(self.seeds, self._seeds_at_start)]
+
+    def end_seeds(self, start: list[tf.Tensor], draws: list[tf.Tensor], ran: tf.Tensor,
+                  runs: int) -> None:
+        """Sets every random generator to where ``runs`` shards' draws leave it from ``start``,
+        on every replica alike, from the draws of all shards that ran (``draws`` summed,
+        ``ran`` counted): a shard without examples does not run the model, so its replica
+        would otherwise end behind the others."""
+        for variable, value, moved in zip(self.seeds, start, draws):
+            per_shard = tf.round(moved / tf.maximum(ran, 1.0))
+            variable.assign(value + tf.cast(per_shard * runs, value.dtype))
+
+    def metric_states(self) -> list:
+        """The metrics' states (each replica's running totals, this step's included), flat."""
+        self._metric_states = [[v.value for v in metric.variables]
+                               for metric in self.model.metrics]
+        return [value for states in self._metric_states for value in states]
+
+    def reduced_metric_states(self) -> list:
+        """The metrics' states summed over the replicas, in one all-reduce of their own."""
+        flat_states = self.metric_states()
+        return (algorithms.all_reduce_sum(flat_states, "collective", self.options.bytes_per_pack)
+                if flat_states else [])
+
+    def all_reduce(self, grads: list, count: tf.Tensor) -> tuple[list, list]:
+        """All-reduces the gradients (in buckets, last layer first) with the metrics' states,
+        the random generators' draws and, unless :attr:`total` is known already, the example
+        count in the last bucket.
 
         Returns:
             The global gradient (divided by the global count) and the metrics' global states.
         """
-        options = self.options
-        sent = self._scaled(grads, total) if total is not None else grads
+        options, total = self.options, self.total
+        sent = self.scaled(grads, total) if total is not None else grads
         wire = _WIRE_DTYPES[options.gradient_compression]
         if wire is not None:
             sent = [tf.cast(g, wire) if g.dtype.is_floating else g for g in sent]
         # The metrics' states (the epoch's running totals of this replica, this step's
         # included) travel with the gradients: summed, they are the global batch's.
-        self._metric_states = [[v.value for v in metric.variables]
-                               for metric in self.model.metrics]
-        flat_states = [value for states in self._metric_states for value in states]
-        tail = flat_states + ([tf.reshape(count, [1])] if total is None else [])
+        flat_states = self.metric_states()
+        draws = self.seed_draws()
+        tail = (flat_states + ([tf.concat([tf.reshape(d, [-1]) for d in draws]
+                                          + [tf.reshape(self._ran, [1])], 0)] if draws else [])
+                + ([tf.reshape(count, [1])] if total is None else []))
         # From the last layer to the first: the order the backward pass produces them in.
         reduced = algorithms.all_reduce_sum(sent[::-1] + tail, options.algorithm,
                                            options.bytes_per_pack)
         reduced_grads = [tf.cast(r, g.dtype) for r, g in zip(reduced[:len(sent)][::-1], grads)]
         if total is None:
-            reduced_grads = self._scaled(reduced_grads, reduced[-1][0])
+            reduced_grads = self.scaled(reduced_grads, reduced[-1][0])
+        if draws:
+            summed = reduced[len(sent) + len(flat_states)]
+            self.end_seeds(self._seeds_at_start, _split_like(summed[:-1], draws), summed[-1],
+                           self.options.accumulation_steps)
         return reduced_grads, reduced[len(sent):len(sent) + len(flat_states)]
 
     def logs(self, reduced_states: list) -> dict[str, Any]:
@@ -369,6 +487,16 @@ class _ReplicaStep:
             start += len(states)
             logs.update(result if isinstance(result, dict) else {metric.name: result})
         return logs
+
+
+def _split_like(flat: tf.Tensor, like: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """``flat`` cut into tensors of the shapes of ``like``, in order."""
+    parts, offset = [], 0
+    for tensor in like:
+        n = int(np.prod(tensor.shape))
+        parts.append(tf.reshape(flat[offset:offset + n], tensor.shape))
+        offset += n
+    return parts
 
 
 def _apply(optimizer: keras.optimizers.Optimizer, variables: list, grads: list,

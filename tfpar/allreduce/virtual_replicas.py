@@ -33,7 +33,6 @@ synchronized BatchNorm (it normalises over the global batch, not a shard: refuse
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -160,27 +159,23 @@ def start_lines(replicas: int, devices: Sequence[str]) -> list[str]:
     return lines
 
 
-def _seed_states(model: keras.Model) -> list[Any]:
-    """The model's random generators' states (``[seed, counter]`` each)."""
-    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
-
-
 def train_step(model: keras.Model, options: StepOptions, data: Any,
-               forward_backward: Callable[..., list],
-               empty_shard: Callable[[], list]) -> tuple[list, tf.Tensor]:
+               step: Any) -> tuple[list, tf.Tensor]:
     """This replica's shards, combined in the fixed order with every other replica's.
 
     Args:
         model: The model.
         options: The step's options (``virtual_replicas`` set).
         data: This replica's ``(x, y, sample_weight)``: its consecutive shards.
-        forward_backward: Runs one shard ``(x, y, sample_weight, count)`` and returns the
-            gradient of the sum of its losses (of the variables that get one).
-        empty_shard: The zero gradients of a shard without examples.
+        step: The replica's step (``tfpar.allreduce.step``): its ``forward_backward(x, y,
+            sample_weight, count)`` runs one shard and returns the gradient of its part of the
+            loss, ``empty_shard()`` the zero gradients of a shard without examples, ``seeds``
+            are the model's random generators' states and ``end_seeds`` sets them where the
+            step's draws leave them.
 
     Returns:
-        The global gradients' sums and the global example count (the assigned variables
-        already hold the values they end the step with).
+        The global gradients' sums (in the variables' dtypes) and the global example count
+        (the assigned variables already hold the values they end the step with).
     """
     context = tf.distribute.get_replica_context()
     replicas, virtual = context.num_replicas_in_sync, options.virtual_replicas
@@ -195,37 +190,41 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     sizes = shard_sizes(tf.shape(first_input)[0], per_replica)
     starts = tf.cumsum(sizes, exclusive=True)
 
-    seeds = _seed_states(model)
+    seeds = step.seeds
     seed_ids = {id(v) for v in seeds}
     assigned = [v for v in model.non_trainable_variables if id(v) not in seed_ids]
     at_start = [tf.identity(v.value) for v in assigned]
     seeds_at_start = [tf.identity(v.value) for v in seeds]
     leaves: dict[Node, tf.Tensor] = {}
-    seeds_after: list[tf.Tensor] = []
     dependencies: list[tf.Tensor] = []
     for j in range(per_replica):
         shard = replica * per_replica + j
         with tf.control_dependencies(dependencies):
             for variable, value in zip(assigned, at_start):
                 variable.assign(value)
+            shard_seeds = []
             for variable, value in zip(seeds, seeds_at_start):
                 offset = tf.constant([(shard + 1) * _SEED_STRIDE, 0], value.dtype)
-                variable.assign(value + offset)
+                shard_seeds.append(value + offset)
+                variable.assign(shard_seeds[-1])
             part = tree.map_structure(
                 lambda t, j=j: None if t is None else t[starts[j]:starts[j] + sizes[j]],
                 (x, y, sample_weight))
             count = tf.cast(sizes[j], tf.float32)
 
             def run(part=part, count=count):
-                return forward_backward(*part, count)
+                return step.forward_backward(*part, count)
 
-            grads = tf.cond(count > 0, run, empty_shard)
+            grads = tf.cond(count > 0, run, step.empty_shard)
             changes = [tf.reshape(tf.cast(v.value, tf.float32) - tf.cast(s, tf.float32), [-1])
                        for v, s in zip(assigned, at_start)]
-            if j == 0:
-                seeds_after = [tf.identity(v.value) for v in seeds]
+            # How far the shard's draws moved each generator (0 where it did not run), and
+            # whether it ran: every shard draws alike, so the step's draws are their mean.
+            draws = [tf.reshape(tf.cast(v.value - s, tf.float32), [-1])
+                     for v, s in zip(seeds, shard_seeds)]
         leaves[(shard, shard + 1)] = tf.concat(
-            [tf.reshape(g, [-1]) for g in grads] + changes + [tf.reshape(count, [1])], 0)
+            [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads] + changes + draws
+            + [tf.reshape(tf.cast(count > 0, tf.float32), [1]), tf.reshape(count, [1])], 0)
         dependencies = [leaves[(shard, shard + 1)]]
 
     def nodes_of(r: int) -> list[Node]:
@@ -242,7 +241,7 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     grad_sums, offset = [], 0
     for g in grads:
         n = int(np.prod(g.shape))
-        grad_sums.append(tf.reshape(total[offset:offset + n], g.shape))
+        grad_sums.append(tf.cast(tf.reshape(total[offset:offset + n], g.shape), g.dtype))
         offset += n
     for variable, value in zip(assigned, at_start):
         n = int(np.prod(value.shape))
@@ -253,8 +252,9 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         else:
             end = value + tf.cast(tf.round(mean_change), value.dtype)
         variable.assign(end)
-    for variable, value in zip(seeds, seeds_after):
-        variable.assign(value - tf.constant([(replica * per_replica + 1) * _SEED_STRIDE, 0],
-                                            value.dtype))
+    seed_size = sum(int(np.prod(v.shape)) for v in seeds_at_start)
+    draws_total = total[offset:offset + seed_size]
+    step.end_seeds(seeds_at_start, [tf.reshape(d, v.shape) for d, v in zip(
+        tf.split(draws_total, [int(np.prod(v.shape)) for v in seeds_at_start]),
+        seeds_at_start)] if seeds else [], total[-2], 1)
     return grad_sums, total[-1]
-

@@ -51,6 +51,8 @@ def _trainer_base() -> Any:
 # The replica counts Keras divided losses by while a Loss call or compute_loss ran (a stack of
 # lists per thread: nested calls report to the outer one), and the values it returned.
 _scales = threading.local()
+# The factor mean-type losses are scaled by in place of 1/N, per thread (mean_losses_scaled_by).
+_override = threading.local()
 _marked: dict[int, tuple[weakref.ref, int]] = {}
 
 
@@ -82,9 +84,33 @@ def _recording_scales():
             outer.extend(inner)
 
 
+@contextlib.contextmanager
+def mean_losses_scaled_by(factor: Any):
+    """While active in this thread, Keras scales a loss it would divide by the replica count
+    (a mean-type reduction, ``sum_over_batch_size``/``mean``, and the additional losses of
+    ``add_loss`` and regularizers) by ``factor`` instead, on any number of replicas; a
+    ``"sum"`` loss stays as Keras leaves it. The all-reduce step weighs each replica's mean
+    losses by its share of the global batch this way, and keeps its sum losses whole.
+
+    Needs the fix ``scaled_loss_records`` installed (``keras_fixes.install``).
+
+    Args:
+        factor: A scalar (a tensor in a traced step).
+    """
+    outer = getattr(_override, "factor", None)
+    _override.factor = factor
+    try:
+        yield
+    finally:
+        _override.factor = outer
+
+
 def _wrap_scale(original: Callable) -> Callable:
     @functools.wraps(original)
     def scale_loss_for_distribution(value):
+        factor = getattr(_override, "factor", None)
+        if factor is not None:
+            return value * tf.cast(factor, value.dtype)
         scaled = original(value)
         current = getattr(_scales, "current", None)
         if scaled is not value and current is not None:
@@ -121,7 +147,8 @@ def _wrap_mean_update(original: Callable) -> Callable:
 
 FIXES = (
     Fix("scaled_loss_records", "the losses Keras divides by the replica count for the "
-        "gradient are recorded", _loss_module, "scale_loss_for_distribution", _wrap_scale,
+        "gradient are recorded (and weighed by a replica's share of the batch in the "
+        "all-reduce step)", _loss_module, "scale_loss_for_distribution", _wrap_scale,
         parameters=("value",)),
     Fix("scaled_loss_marks", "a Keras loss's value divided by the replica count is marked so",
         lambda: keras.losses.Loss, "__call__", _wrap_marking,
