@@ -46,3 +46,15 @@ def _signal_handlers_restored():
     for signum, handler in before.items():
         if signal.getsignal(signum) is not handler:
             signal.signal(signum, handler)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The explorers' counts (``record_property`` of "generated models" and "crash states"),
+    one line each, from every test process."""
+    lines = [f"{name}: {value}" for reports in terminalreporter.stats.values()
+             for report in reports for name, value in getattr(report, "user_properties", ())
+             if name in ("generated models", "crash states")]
+    if lines:
+        terminalreporter.section("what the explorers explored")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -94,6 +94,15 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertRegex(result.stderr, r"OK \(skipped=\d+\)")
 
+    def test_generated_models_example(self):
+        path = os.path.join(self.get_temp_dir(), "my_layers_test.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(block("generated_models_example"))
+        result = subprocess.run([sys.executable, path], capture_output=True, text=True,
+                                timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertRegex(result.stderr, r"Ran 1 test.*\n\nOK")
+
     @parameterized.parameters("allreduce_options", "epoch_checkpoint", "own_steps",
                               "tutorial_one_device", "tutorial_two_devices")
     def test_guide_block(self, name):

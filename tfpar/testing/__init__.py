@@ -9,6 +9,8 @@
   (``test_fit_mirrored_2``); combinations this machine cannot run are skipped with the reason.
 * :func:`tiny_dataset` and :func:`tiny_model`: a small deterministic image dataset and a
   small compiled classifier for such checks.
+* :func:`model_cases` and :class:`ModelCase`: generated models and fits (Hypothesis), each
+  held to its entry's promise by :meth:`~StrategyTestCase.assertKeepsPromise`.
 
 Example::
 
@@ -31,10 +33,11 @@ Example::
 
 from tfpar import lazy_exports
 
-__all__ = ["StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps", "tiny_dataset",
-           "tiny_model"]
+__all__ = ["ModelCase", "StrategyTestCase", "ensure_devices", "for_each_strategy", "fit_steps",
+           "model_cases", "tiny_dataset", "tiny_model"]
 
 # Imported on first use: the pytest plugin in this package imports no TensorFlow.
 lazy_exports.install(__name__, {
     "StrategyTestCase": "case", "ensure_devices": "case", "for_each_strategy": "case",
-    "fit_steps": "reference_runs", "tiny_dataset": "datasets", "tiny_model": "models"})
+    "fit_steps": "reference_runs", "tiny_dataset": "datasets", "tiny_model": "models",
+    "ModelCase": "generated_models", "model_cases": "generated_models"})

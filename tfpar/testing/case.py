@@ -15,7 +15,9 @@ from tfpar import devices
 from tfpar import strategies
 from tfpar.errors import DeviceError
 from tfpar.errors import RegistryError
+from tfpar.errors import TfparError
 from tfpar.strategies.registry import StrategyChoice
+from tfpar.testing import generated_models
 from tfpar.testing import reference_runs
 
 
@@ -124,7 +126,9 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
     def assertMatchesSingleDevice(self, model_fn: Callable[[], keras.Model],
                                   dataset: tf.data.Dataset, strategy: tf.distribute.Strategy,
                                   *, train: reference_runs.TrainFn | None = None,
-                                  rtol: float | None = None, atol: float | None = None) -> None:
+                                  rtol: float | None = None, atol: float | None = None,
+                                  reference_train: reference_runs.TrainFn | None = None
+                                  ) -> None:
         """Asserts training under ``strategy`` equals training on one device.
 
         ``model_fn`` is called twice: outside any strategy (the reference) and under
@@ -141,8 +145,12 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                 ``train(model, dataset, strategy)`` returns the per-step losses, or ``None``
                 to compare weights only. Weights only are compared, too, for registry entries
                 whose logged loss Keras gets wrong (``StrategyEntry.logs_exact_loss``).
-            rtol: Relative tolerance; by default that of the model's dtype policy
-                (:data:`TOLERANCES`: 1e-5 in float32, 1e-2 in a mixed policy).
+            reference_train: The training function on one device (``model.fit`` by
+                default); pass the same as ``train`` where it trains with more than the data
+                (``class_weight``, callbacks).
+            rtol: Relative tolerance; by default that of the model's dtype policy, or of a
+                layer's where wider (:data:`TOLERANCES`: 1e-5 in float32, 1e-2 in bfloat16
+                and a mixed policy).
             atol: Absolute tolerance; by default that of the model's dtype policy (1e-6 in
                 float32, 1e-3 in a mixed policy).
 
@@ -163,15 +171,20 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
         chosen = _made_from(strategy)
         compare_losses = chosen is None or chosen.entry.logs_exact_loss
         reference = model_fn()
-        default_rtol, default_atol = TOLERANCES.get(reference.dtype_policy.name,
-                                                    TOLERANCES["float32"])
+        # The widest of the model's policy and its layers' (a layer may compute in bfloat16
+        # in a float32 model).
+        default_rtol, default_atol = max(
+            TOLERANCES.get(policy.name, TOLERANCES["float32"])
+            for policy in [reference.dtype_policy,
+                           *(layer.dtype_policy for layer in reference.layers)])
         rtol = default_rtol if rtol is None else rtol
         atol = default_atol if atol is None else atol
         initial = reference.get_weights()
         with strategy.scope():
             model = model_fn()
         model.set_weights(initial)
-        expected_losses = reference_runs.fit_steps(reference, dataset, tf.distribute.get_strategy())
+        reference_train = reference_train or reference_runs.fit_steps
+        expected_losses = reference_train(reference, dataset, tf.distribute.get_strategy())
         losses = train(model, dataset, strategy)
         if losses is not None and compare_losses:
             self.assertAllClose(expected_losses, losses, rtol=rtol, atol=atol,
@@ -181,7 +194,8 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                   if not np.allclose(actual, expected, rtol=rtol, atol=atol)]
         reach = None
         if beyond and measure_rounding:
-            reach = _rounding_reach(model_fn, initial, dataset, expected_weights)
+            reach = _rounding_reach(model_fn, initial, dataset, expected_weights,
+                                    reference_train)
         for i, (expected, actual, variable) in enumerate(zip(expected_weights, actual_weights,
                                                              model.weights)):
             if reach is not None and i in beyond:
@@ -252,6 +266,55 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                                          f"{first} device(s) with virtual_replicas="
                                          f"{virtual_replicas}")
 
+    def assertKeepsPromise(self, case: generated_models.ModelCase, entry: str, num_devices: int,
+                           *, virtual_replicas: int = 0) -> str:
+        """Asserts ``entry`` on ``num_devices`` keeps its promise for ``case``, or refuses it in
+        one line.
+
+        The promise is :meth:`ModelCase.expected_promise
+        <tfpar.testing.generated_models.ModelCase.expected_promise>`'s: with
+        ``virtual_replicas``, :meth:`assertSameOnAnyWorldSize` between 1 device and
+        ``num_devices``; else :meth:`assertMatchesSingleDevice`, or, where per-replica
+        BatchNorm statistics or random streams make one device another computation (and
+        Keras's step on uneven batches), every replica in sync with finite values. A refusal is
+        a :class:`~tfpar.errors.TfparError` raised with a one-line message; any other error
+        fails the test.
+
+        Args:
+            case: The model and fit.
+            entry: An in-process registry entry.
+            num_devices: The devices it trains on.
+            virtual_replicas: The shards of each batch (0: off; an all-reduce entry's option).
+
+        Returns:
+            The promise kept, or ``"refused"``.
+        """
+        promise = case.expected_promise(entry, num_devices, virtual_replicas)
+        options = {"virtual_replicas": virtual_replicas} if virtual_replicas else {}
+        try:
+            if promise == "same_on_any_world_size":
+                self.assertSameOnAnyWorldSize(
+                    case.build, case.dataset(), virtual_replicas=virtual_replicas,
+                    num_devices=(1, num_devices), entry=entry, seed=case.seed,
+                    train=case.train)
+            elif promise == "matches_one_device":
+                self.assertMatchesSingleDevice(case.build, case.dataset(),
+                                               self.strategy(entry, num_devices, **options),
+                                               train=case.train, reference_train=case.train)
+            else:
+                strategy = self.strategy(entry, num_devices, **options)
+                with strategy.scope():
+                    model = case.build()
+                case.train(model, case.dataset())
+                self.assertReplicasInSync(model)
+                for variable in model.weights:
+                    self.assertTrue(np.all(np.isfinite(np.asarray(variable, np.float64))),
+                                    f"{variable.path} is not finite")
+        except TfparError as e:
+            self.assertNotIn("\n", str(e), f"a refusal of {case} in more than one line")
+            return "refused"
+        return promise
+
 
 def _every_copy(model: keras.Model) -> dict[int, tuple[str, list[np.ndarray]]]:
     """Every variable of ``model`` and its optimizer, each replica's copy, by place (two
@@ -265,11 +328,11 @@ def _every_copy(model: keras.Model) -> dict[int, tuple[str, list[np.ndarray]]]:
 
 
 TOLERANCES = {"float32": (1e-5, 1e-6), "mixed_float16": (1e-2, 1e-3),
-              "mixed_bfloat16": (1e-2, 1e-3)}
+              "mixed_bfloat16": (1e-2, 1e-3), "bfloat16": (1e-2, 1e-3)}
 """: The default ``(rtol, atol)`` of :meth:`StrategyTestCase.assertMatchesSingleDevice` by the :
-model's Keras dtype policy: a mixed policy computes in 16 bits (bfloat16 keeps 8 bits of :
-mantissa), so replicas that compute on shards of a batch round differently from one device :
-that computes on the whole batch.
+model's Keras dtype policy (or a layer's): bfloat16 and a mixed policy compute in 16 bits :
+(bfloat16 keeps 8 bits of mantissa), so replicas that compute on shards of a batch round :
+differently from one device that computes on the whole batch.
 """
 
 
@@ -280,7 +343,8 @@ takes one other order of the sums, a distributed run another again."""
 
 
 def _rounding_reach(model_fn: Callable[[], keras.Model], initial: list[np.ndarray],
-                    dataset: tf.data.Dataset, expected: list[np.ndarray]) -> list[float]:
+                    dataset: tf.data.Dataset, expected: list[np.ndarray],
+                    train: reference_runs.TrainFn = reference_runs.fit_steps) -> list[float]:
     """How far, per weight, one device's training moves from ``expected`` when each batch's
     examples come in reverse order: the same computation, its sums taken in another order,
     as replicas that sum their shards take them. The reach of rounding on this model,
@@ -291,7 +355,7 @@ def _rounding_reach(model_fn: Callable[[], keras.Model], initial: list[np.ndarra
     def reverse(*batch):
         return tf.nest.map_structure(lambda tensor: tf.reverse(tensor, [0]), batch)
 
-    reference_runs.fit_steps(reordered, dataset.map(reverse), tf.distribute.get_strategy())
+    train(reordered, dataset.map(reverse), tf.distribute.get_strategy())
     return [float(np.max(np.abs(np.asarray(a, np.float64) - b), initial=0.0))
             for a, b in zip(reordered.get_weights(), expected)]
 
