@@ -199,11 +199,13 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
         minimum = num_workers if min_workers is None else min_workers
-        slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
-            command, minimum, num_workers, gpus_per_worker))
         given, idle = gpus_lib.shares(
             list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
             gpus_per_worker)
+        # The replicas of a worker: its devices, which its command's flags or its GPU share
+        # give (checked before any worker starts).
+        slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
+            command, minimum, num_workers, len([g for g in given.get(0, "").split(",") if g])))
         out = out or sys.stdout
         if worker_environment.legacy_keras_asked():
             out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
@@ -273,11 +275,47 @@ def _growth_due(slots: elastic.WorkerSlots, progress: str
     return lambda: growth_due(progress_of(protocol.ProgressRecord.read(progress)), slots)
 
 
+def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = None
+                       ) -> tuple[tuple[int, ...], str]:
+    """The devices (replicas) each worker of a tfpar training command trains on, as
+    ``tfpar-train`` picks them, and where that comes from in words.
+
+    The command's ``--devices`` (names), else its ``--num_devices`` (each device-set size it
+    lists: GPUs where there are enough, else logical CPU devices), else the GPUs the launcher
+    gives each worker (a worker trains on all of its share), else one.
+
+    Args:
+        command: The workers' command.
+        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
+
+    Returns:
+        The device counts (one per device set the command lists), and their origin
+        (``"--num_devices=2"``, ``"2 GPUs each"``, ``"one device each"``).
+    """
+    names = flag_of(command, "devices")
+    if names:
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        return (len(listed),), f"--devices={','.join(listed)}"
+    text = flag_of(command, "num_devices")
+    counts = tuple(int(n) for n in (text or "").split(",") if n.strip().isdigit() and int(n))
+    if counts:
+        return counts, f"--num_devices={text}"
+    if gpus_per_worker:
+        return (gpus_per_worker,), f"{gpus_per_worker} GPU{'s' * (gpus_per_worker != 1)} each"
+    return (1,), "one device each"
+
+
 def worker_counts(command: Sequence[str], minimum: int, maximum: int,
                   gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
     """The numbers of workers a command may run with: under ``--virtual_replicas=V`` (a
-    world-size-invariant job) those whose replicas (a worker's GPUs, else one) divide ``V``;
-    ``None`` (any) otherwise.
+    world-size-invariant job) those whose replicas (workers x each worker's devices,
+    :func:`devices_per_worker`) divide ``V``; ``None`` (any) otherwise.
+
+    Args:
+        command: The workers' command.
+        minimum: The fewest workers.
+        maximum: The most workers.
+        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
 
     Raises:
         ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
@@ -285,13 +323,17 @@ def worker_counts(command: Sequence[str], minimum: int, maximum: int,
     text = flag_of(command, "virtual_replicas")
     if not text or not text.strip().isdigit() or int(text) == 0:
         return None
-    virtual, per_worker = int(text), gpus_per_worker or 1
-    sizes = tuple(n for n in range(minimum, maximum + 1) if virtual % (n * per_worker) == 0)
+    virtual = int(text)
+    counts, origin = devices_per_worker(command, gpus_per_worker)
+    sizes = tuple(n for n in range(minimum, maximum + 1)
+                  if all(virtual % (n * each) == 0 for each in counts))
     if maximum not in sizes:
+        each = next(c for c in counts if virtual % (maximum * c))
         raise ConfigError(
             f"--virtual_replicas={virtual} needs a number of replicas that divides it; "
-            f"{maximum} workers of {per_worker} replica(s) are {maximum * per_worker}. Launch a "
-            f"number of workers whose replicas divide {virtual}.", argument="num_workers")
+            f"{maximum} workers of {each} device{'s' * (each != 1)} ({origin}) are "
+            f"{maximum * each} replicas. Launch a number of workers whose replicas divide "
+            f"{virtual}.", argument="num_workers")
     return sizes
 
 
