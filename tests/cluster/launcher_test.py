@@ -267,7 +267,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                       f"{os.path.join(model_dir, 'mirrored_2_devices')}.", out.getvalue())
 
     def test_a_round_whose_chief_recorded_nothing_made_no_progress(self):
-        self.assertEqual(launcher.progress_of(None), Progress())
+        self.assertEqual(launcher.progress_of(None), Progress(recorded=False))
         record = protocol.ProgressRecord(restored=None, saved=(2, 3), folder="/d")
         self.assertEqual(launcher.progress_of(record), Progress((0, 0), (2, 3), "/d"))
         self.assertTrue(launcher.progress_of(record).made)

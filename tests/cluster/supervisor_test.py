@@ -64,8 +64,41 @@ class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
         launch.send_signal(signal.SIGTERM)
         output = launch.communicate(timeout=120)[0]
         self.assertEqual(launch.returncode, expected, output)
-        self.assertIn(f"launcher: preempted; the workers exited with {expected}.", output)
+        said = ("" if expected == 85 else " (killed past the grace budget): the training "
+                "since the last complete state is lost")
+        self.assertIn(f"launcher: preempted; the workers exited with {expected}{said}.", output)
         self.assertNotIn("Traceback", output)
+
+
+    def test_a_notice_that_kills_a_script_during_training_is_said_with_its_status(self):
+        # A user's script that saves (its chief recorded epoch 1 step 15, as BackupAndRestore
+        # under tfpar does) but does not watch for notices: the notice's SIGTERM kills it
+        # during training. Its status is 143, not the preempted one, and the line says where
+        # the folder resumes and that the steps since are lost.
+        state = os.path.join(self.get_temp_dir(), "state")
+        code = textwrap.dedent("""
+            import os, sys, time
+            from tfpar.progress_record import record_progress
+            if os.environ["TFPAR_WORKER_SLOT"] == "0":
+                record_progress(sys.argv[1], restored=(0, 0))
+                record_progress(sys.argv[1], saved=(0, 15))
+            print("up", flush=True)
+            time.sleep(60)
+            """)
+        launch = subprocess.Popen(
+            [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", code, state],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(launch.kill)
+        for _ in range(2):
+            self.assertIn("up", launch.stdout.readline())
+        launch.send_signal(signal.SIGTERM)
+        output = launch.communicate(timeout=120)[0]
+        self.assertEqual(launch.returncode, 143, output)
+        self.assertEqual(launcher_lines(output)[-1],
+                         "launcher: preempted; the workers exited with 143 (ended by the "
+                         "notice's SIGTERM without saving: the command does not save on a "
+                         "notice): a rerun resumes at epoch 1 step 15 in "
+                         f"{state}, and the training since is lost.")
 
 
 class NoticeAtAnyMomentTest(tf.test.TestCase):
@@ -135,7 +168,9 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
         self.assertLess(time.monotonic() - began, 50)  # Not the workers' 60 s.
         self.assertEqual(launcher_lines(out.getvalue()), [
             "launcher: preemption notice; passed to every worker, waiting for them to save.",
-            "launcher: preempted; the workers exited with 85."])
+            "launcher: preempted; exiting with 85: worker 0 and worker 1 were ended by the "
+            "notice while starting (exit 143), before they watched for notices, with nothing "
+            "to save."])
 
 
 class SecondNoticeTest(tf.test.TestCase):

@@ -231,7 +231,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                 result = _between_rounds(stop.signum, group)
             now = progress_of(protocol.ProgressRecord.read(progress))
             if now.after is None:  # Nothing recorded this round: where the last round ended.
-                now = Progress(known.after, known.after, known.folder)
+                now = Progress(known.after, known.after, known.folder, recorded=False)
             known = now
             decision = decide(result, now, state)
             if decision.line:
@@ -261,7 +261,7 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
 def progress_of(record: protocol.ProgressRecord | None) -> Progress:
     """A round's progress as its chief recorded it (none recorded: unknown)."""
     if record is None:
-        return Progress()
+        return Progress(recorded=False)
     return Progress(record.restored or (0, 0), record.latest, record.folder or None)
 
 
