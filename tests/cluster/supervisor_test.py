@@ -4,6 +4,7 @@ worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,10 +140,10 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
     def test_a_notice_while_the_launcher_looks_for_gpus_exits_85_before_any_worker(self):
         def slow_nvidia_smi(environ):
             os.kill(os.getpid(), signal.SIGTERM)  # nvidia-smi can take seconds to answer.
-            return []
+            return [], None
 
         out = io.StringIO()
-        with mock.patch.object(launcher.gpus_lib, "visible_gpus", slow_nvidia_smi), \
+        with mock.patch.object(launcher.gpus_lib, "gpu_listing", slow_nvidia_smi), \
                 mock.patch.object(worker_group.WorkerGroup, "run") as run:
             status = launcher.launch([sys.executable, "-c", "pass"], 2, out=out)
         self.assertEqual(status, 85, out.getvalue())
@@ -196,6 +197,25 @@ class SecondNoticeTest(tf.test.TestCase):
         self.assertIn("Preempted (SIGTERM) outside training", result.stderr)
 
 
+def failing_nvidia_smi(directory: str) -> str:
+    """An ``nvidia-smi`` in ``directory/bin`` that fails, as one whose driver does not answer."""
+    path = os.path.join(directory, "bin", "nvidia-smi")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version "
+                "mismatch' >&2\nexit 1\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def driver_listing(directory: str, count: int) -> str:
+    """A stand-in for the driver's /proc listing of ``count`` GPUs, in ``directory``."""
+    driver = os.path.join(directory, f"driver{count}")
+    for i in range(count):
+        os.makedirs(os.path.join(driver, f"0000:{17 + i:02x}:00.0"))
+    return driver
+
+
 class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
     """Emulated GPUs: each worker prints the CUDA_VISIBLE_DEVICES it was given."""
 
@@ -232,6 +252,19 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
         seen, _ = self.given(2, gpus=[])
         self.assertEqual(seen, {0: "unset", 1: "unset"})
 
+    def test_a_failing_nvidia_smi_leaves_the_drivers_gpus_and_a_line(self):
+        smi = failing_nvidia_smi(self.get_temp_dir())
+        driver = driver_listing(self.get_temp_dir(), 2)
+        with mock.patch.dict(os.environ, {"PATH": f"{os.path.dirname(smi)}:"
+                                                  f"{os.environ['PATH']}"}), \
+                mock.patch.object(gpus, "DRIVER_GPUS", driver):
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            seen, lines = self.given(2)
+        self.assertEqual(seen, {0: "0", 1: "1"})
+        self.assertIn("launcher: nvidia-smi failed (exit status 1: Failed to initialize NVML: "
+                      "Driver/library version mismatch); counting the GPUs the driver lists in "
+                      f"{driver} instead: 2.", lines)
+
     def test_more_workers_than_gpus_is_refused_in_one_line(self):
         with self.assertRaisesRegex(ConfigError, r"^5 workers of 1 GPU each need 5 GPUs; this "
                                                  r"host shows 4 .* set gpus_per_worker=0 to run "
@@ -244,8 +277,8 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertEqual(result.stderr.strip(),
                          "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
-                         "(CUDA_VISIBLE_DEVICES or nvidia-smi). Run fewer workers, or set "
-                         "--gpus_per_worker=0 to run them on the CPU.")
+                         "(CUDA_VISIBLE_DEVICES, nvidia-smi or the driver's list). Run fewer "
+                         "workers, or set --gpus_per_worker=0 to run them on the CPU.")
 
 
 MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5a1c)
@@ -268,6 +301,36 @@ class GpuListingTest(tf.test.TestCase):
                                            driver_gpus=os.path.join(driver, "none")), [])
         self.assertEqual(gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "3"}, which=lambda _: None,
                                            driver_gpus=driver), ["3"])
+
+    def test_a_failing_nvidia_smi_falls_back_to_the_drivers_list_and_says_so(self):
+        smi = failing_nvidia_smi(self.get_temp_dir())
+        driver = driver_listing(self.get_temp_dir(), 2)
+        listed, note = gpus.gpu_listing({}, which=lambda _: smi, driver_gpus=driver)
+        self.assertEqual(listed, ["0", "1"])
+        self.assertEqual(note, "nvidia-smi failed (exit status 1: Failed to initialize NVML: "
+                               "Driver/library version mismatch); counting the GPUs the driver "
+                               f"lists in {driver} instead: 2.")
+        self.assertEqual(gpus.visible_gpus({}, which=lambda _: smi, driver_gpus=driver),
+                         ["0", "1"])
+        none = os.path.join(driver, "missing")
+        self.assertEqual(gpus.gpu_listing({}, which=lambda _: smi, driver_gpus=none), (
+            [], "nvidia-smi failed (exit status 1: Failed to initialize NVML: Driver/library "
+                f"version mismatch), and the driver lists no GPU in {none}: no GPU is given."))
+
+    def test_a_gpu_listed_twice_is_refused_in_one_line(self):
+        with self.assertRaisesRegex(ConfigError, re.escape(
+                "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "
+                "List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")):
+            gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})
+        result = subprocess.run([sys.executable, LAUNCH, "--num_workers=2", "--",
+                                 sys.executable, "-c", "pass"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,0"})
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.strip(),
+                         "Error: CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers "
+                         "would share it. List each GPU once. Received: "
+                         "CUDA_VISIBLE_DEVICES='0,0'.")
 
     def test_mig_instances_are_listed_by_uuid_one_per_worker(self):
         listed = gpus.listed_gpus(MIG_LISTING)

@@ -165,8 +165,9 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             Keras's ``BackupAndRestore`` write it), without one only restarts grow the job.
             The worker for whom a peer said it stopped answering is the one blamed.
         gpus: The host's GPUs as CUDA names them (``None``: ``CUDA_VISIBLE_DEVICES``, else
-            what ``nvidia-smi`` lists, else none). Each worker gets its own share through
-            ``CUDA_VISIBLE_DEVICES``.
+            what ``nvidia-smi`` lists, else, where it is missing or fails (said in one line),
+            what the driver lists in ``/proc/driver/nvidia/gpus``, else none). Each worker gets
+            its own share through ``CUDA_VISIBLE_DEVICES``.
         gpus_per_worker: GPUs per worker (``None``: the host's GPUs divided evenly among
             ``num_workers``; 0: none, the workers run on the CPU).
 
@@ -182,9 +183,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1,
             ``min_workers`` is not from 1 to ``num_workers``, ``host`` is not an address of
             this machine (or not loopback on a private network), a private network cannot be
-            made here, restarts (``max_restarts``, or an elastic job) are asked without
-            ``--model_dir`` in the command nor ``resumes_itself``, or the workers need more
-            GPUs than the host shows.
+            made here, ``CUDA_VISIBLE_DEVICES`` lists a GPU twice, restarts (``max_restarts``,
+            or an elastic job) are asked without ``--model_dir`` in the command nor
+            ``resumes_itself``, the workers need more GPUs than the host shows, or, under
+            ``--virtual_replicas``, their replicas do not divide it.
     """
     # Signals are the launcher's from its first instant: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
@@ -199,9 +201,9 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
         minimum = num_workers if min_workers is None else min_workers
-        given, idle = gpus_lib.shares(
-            list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
-            gpus_per_worker)
+        host_gpus, listing_note = ((list(gpus), None) if gpus is not None
+                                   else gpus_lib.gpu_listing(os.environ))
+        given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
         # The replicas of a worker: its devices, which its command's flags or its GPU share
         # give (checked before any worker starts).
         slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
@@ -211,6 +213,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
                       "TensorflowTrainer sets it) is not passed to the workers: tf.keras is "
                       "Keras 3 in them, as tfpar's strategies need.\n")
+        if listing_note:
+            out.write(f"launcher: {listing_note}\n")
         if idle:
             out.write(f"{idle}\n")
         grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
