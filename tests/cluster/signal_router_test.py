@@ -1,12 +1,19 @@
 """The one home of signal handlers, on its own: handlers that only record, nested
 subscriptions that give back what they replaced, and listeners told from the router's thread."""
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
 
 from absl.testing import absltest
 
+from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 
 
@@ -93,6 +100,45 @@ class SignalRouterTest(absltest.TestCase):
         worker.start()
         worker.join()
         self.assertEqual(results, [False])
+
+
+
+class EarlyNoticeTest(absltest.TestCase):
+    """A program's notices are recorded from the moment ``import tfpar`` begins, before the
+    program's own heavy imports, and become the notice once the program watches for them."""
+
+    def setUp(self):
+        super().setUp()
+        self.folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.folder, True)
+
+    def run_program(self, before: str, record: str) -> subprocess.CompletedProcess:
+        code = textwrap.dedent(f"""
+            import os, signal, sys
+            {before}
+            import tfpar  # The first line of tfpar the program runs.
+            os.kill(os.getpid(), signal.SIGTERM)  # Before tfpar.cli.train is imported.
+            from tfpar.cli import train
+            sys.argv = ["tfpar-train", "--dataset=digits", "--epochs=1"]
+            train.run()
+            """)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, protocol.STOP_RECORD_ENV: record})
+
+    def test_a_notice_while_a_program_imports_is_its_notice(self):
+        record = os.path.join(self.folder, "stop.json")
+        result = self.run_program("sys.argv[0] = '/usr/local/bin/tfpar-train'", record)
+        self.assertEqual(result.returncode, 85, result.stderr[-2000:])
+        self.assertEqual(result.stderr.strip().splitlines()[-1],
+                         "Preempted (SIGTERM) outside training: no training step had run since "
+                         "the start, so nothing new was to be saved.")
+        with open(record) as f:
+            self.assertEqual(json.load(f)["status"], 85)
+
+    def test_a_program_of_the_users_importing_tfpar_keeps_its_own_signals(self):
+        result = self.run_program("sys.argv[0] = 'my_train.py'",
+                                  os.path.join(self.folder, "stop.json"))
+        self.assertEqual(result.returncode, -signal.SIGTERM, result.stderr[-2000:])
 
 
 if __name__ == "__main__":

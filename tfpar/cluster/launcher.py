@@ -174,8 +174,9 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal);
         130 after Ctrl-C to the launcher; after a notice to the launcher (at any moment from
-        its start to its end) the preempted status (:data:`tfpar.errors.ExitStatus.PREEMPTED`)
-        once every worker saved (or finished), else the worst status a worker ended with
+        its first import of tfpar to its end) the preempted status
+        (:data:`tfpar.errors.ExitStatus.PREEMPTED`) once every worker saved (or finished),
+        else the worst status a worker ended with
         (128 + 9 for one killed past the grace budget); the preempted status after a
         preemption it does not restart.
 
@@ -188,11 +189,11 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             ``resumes_itself``, the workers need more GPUs than the host shows, or, under
             ``--virtual_replicas``, their replicas do not divide it.
     """
-    # Signals are the launcher's from its first instant: a notice while it looks for GPUs
+    # Signals are the launcher's from here on: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
-    # A launcher program's notices (watched from its first instant: one before here ends it
-    # with the preempted status) are passed on to the workers from here.
+    # A launcher program's notices (watched from its first import of tfpar: one before here
+    # ends it with the preempted status) are passed on to the workers from here.
     handed_over = contextlib.ExitStack()
     handed_over.enter_context(preemption.NOTICE.handed_over())
     records = ""

@@ -167,6 +167,11 @@ class Notice:
             self._exit_process = exit_process
         self._grace_seconds = float(grace_seconds)
         self._signals = tuple(signal.Signals(s) for s in signals)
+        # Notices a program recorded from its first import of tfpar, before this watch.
+        for signum in signal_router.take_early(self._signals):
+            self._record(signum, None)
+        if self._recorded and not self._arrived.is_set():
+            self.arrive(self._recorded[0])
         return True
 
     def unwatch(self) -> None:
