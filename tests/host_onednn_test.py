@@ -194,6 +194,13 @@ class ApplyTest(absltest.TestCase):
                          f"({onednn.SET_BY_TFPAR_ENV}={marker!r}: tfpar's choice for another CPU "
                          "kind), in force since TensorFlow started before tfpar was imported")
         self.assertTrue(onednn.bfloat16_without_kernels(actual, ZEN4))
+        with mock.patch.dict(onednn._APPLIED, wanted=onednn.choose(ZEN4, environ),
+                             actual=actual):
+            self.assertRegex(onednn.too_late(), r": oneDNN is on, capped at AVX where tfpar "
+                                                r"would have it on\. Import tfpar before "
+                                                r"TensorFlow \(and Keras\), or start Python "
+                                                r"without ONEDNN_MAX_CPU_ISA "
+                                                r"TF_ENABLE_ONEDNN_OPTS\.$")
 
     def test_tensorflow_imported_first_is_said_as_such_not_as_a_setting(self):
         with mock.patch.object(onednn, "cpu_flags", return_value=ZEN3), \

@@ -279,10 +279,14 @@ def too_late() -> str | None:
         return None
     settings = " ".join(f"{k}={v}" for k, v in wanted.environment.items()
                         if k != SET_BY_TFPAR_ENV)
+    dropped = " ".join(name for name in wanted.unset
+                       if name != SET_BY_TFPAR_ENV and name not in wanted.environment)
+    start = " and ".join(part for part in (f"with {settings}" if settings else "",
+                                           f"without {dropped}" if dropped else "") if part)
     return (f"TensorFlow was imported before tfpar, too late for tfpar's oneDNN choice on this "
             f"CPU ({wanted.reason}): oneDNN is {actual.describe().split(' (')[0]} where tfpar "
             f"would have it {wanted.describe().split(' (')[0]}. Import tfpar before TensorFlow "
-            f"(and Keras), or start Python with {settings}.")
+            f"(and Keras), or start Python {start}.")
 
 
 _WARNED: list[bool] = []
