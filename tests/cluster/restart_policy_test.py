@@ -108,6 +108,12 @@ TABLE = {
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): a rerun resumes at epoch 1 "
         "step 15 in /state, and the training since is lost."),
+    "a_notice_that_killed_a_script_before_its_first_save": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143, 143)), FIRST_ROUND,
+        fixed(max_restarts=3), Action.EXIT, 143,
+        "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
+        "without saving: the command does not save on a notice): nothing was saved in /state "
+        "yet, so a rerun starts from scratch."),
     # The notice ended the workers before they began training (nothing recorded this round):
     # nothing was lost, and the line says their real status.
     "a_notice_while_the_workers_started": Row(

@@ -259,38 +259,43 @@ def _who(rank: int, slots: elastic.WorkerSlots) -> str:
 
 
 def _where(progress: Progress, folder: str | None) -> str:
-    """Where the folder resumes, in words (empty where unknown)."""
-    if progress.after is None or folder is None:
+    """Where the folder resumes, in words (empty where unknown, or nothing is saved)."""
+    if progress.after is None or progress.after == (0, 0) or folder is None:
         return ""
     return f"{position_words(progress.after)} in {folder}"
 
 
-def _lost_since(where: str) -> str:
-    return (f"a rerun resumes at {where}, and the training since is lost" if where
-            else "the training since the last complete state is lost")
+def _lost_since(progress: Progress, folder: str | None) -> str:
+    """Where a rerun resumes and that the training since is lost, in words."""
+    where = _where(progress, folder)
+    if where:
+        return f"a rerun resumes at {where}, and the training since is lost"
+    if progress.after == (0, 0) and folder is not None:
+        return f"nothing was saved in {folder} yet, so a rerun starts from scratch"
+    return "the training since the last complete state is lost"
 
 
 def _lost_notice_line(result: RoundResult, progress: Progress, folder: str | None,
                       slots: elastic.WorkerSlots) -> str:
     """The last line after a worker's own notice whose save ran out of grace."""
     return (f"launcher: preempted; {_who(result.rank, slots)} could not save the notice's "
-            f"state within the grace budget: {_lost_since(_where(progress, folder))}.")
+            f"state within the grace budget: {_lost_since(progress, folder)}.")
 
 
 def _notice_line(result: RoundResult, status: int, progress: Progress, folder: str | None,
                  slots: elastic.WorkerSlots) -> str:
     """The last line after a notice to the launcher, ending it with ``status``: the workers'
     real statuses and where the folder resumes."""
-    where = _where(progress, folder)
+    where, lost = _where(progress, folder), _lost_since(progress, folder)
     if result.work_lost:
         return (f"launcher: preempted; the workers exited with {status}, but the notice's "
-                f"state could not be saved within the grace budget: {_lost_since(where)}.")
+                f"state could not be saved within the grace budget: {lost}.")
     if status not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED):
         why = {_KILLED_PAST_GRACE: "killed past the grace budget",
                _ENDED_BY_THE_NOTICE: "ended by the notice's SIGTERM without saving: the "
                                      "command does not save on a notice"}.get(status)
         return (f"launcher: preempted; the workers exited with {status}"
-                + (f" ({why})" if why else "") + f": {_lost_since(where)}.")
+                + (f" ({why})" if why else "") + f": {lost}.")
     saved = f", the state saved at {where}" if where else ""
     starting = [rank for rank, s in enumerate(result.statuses) if s == _ENDED_BY_THE_NOTICE]
     if not starting:
