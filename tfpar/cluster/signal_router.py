@@ -69,8 +69,18 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
         argv: ``sys.argv``.
         orig_argv: ``sys.orig_argv`` (the interpreter's own arguments, ``-m`` included).
     """
-    if "-m" in orig_argv[:-1]:
-        return orig_argv[orig_argv.index("-m") + 1] in _PROGRAM_MODULES
+    options = iter(orig_argv[1:])  # The interpreter's options, up to its script or -m/-c.
+    for option in options:
+        if option == "-m":
+            return next(options, "") in _PROGRAM_MODULES
+        if option.startswith("-m"):
+            return option[2:] in _PROGRAM_MODULES
+        if option == "-c" or option.startswith("-c"):
+            return False
+        if option in ("-W", "-X", "--check-hash-based-pycs"):
+            next(options, None)  # Its value.
+        elif not option.startswith("-") or option == "-":
+            break  # The script: argv[0].
     if not argv or not argv[0]:
         return False
     if os.path.basename(argv[0]) in PROGRAMS:
