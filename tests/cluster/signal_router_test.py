@@ -102,7 +102,6 @@ class SignalRouterTest(absltest.TestCase):
         self.assertEqual(results, [False])
 
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -117,29 +116,33 @@ class EarlyNoticeTest(absltest.TestCase):
 
     def run_program(self, name: str, record: str) -> subprocess.CompletedProcess:
         """Runs a program file called ``name`` as a console script does (``from
-        tfpar.cli.train import run``), with a notice right after tfpar's first line ran."""
+        tfpar.cli.X import run``), with a notice right after tfpar's first line ran."""
+        program, arguments = (("launch", '["--num_workers=1", "--", sys.executable, "-c", '
+                                         '"pass"]') if name == "tfpar-launch"
+                              else ("train", '["--dataset=digits", "--epochs=1"]'))
         path = os.path.join(self.folder, name)
         with open(path, "w") as f:
-            f.write(textwrap.dedent("""
+            f.write(textwrap.dedent(f"""
                 import os, signal, sys
                 import tfpar  # The first line of tfpar the program runs.
-                os.kill(os.getpid(), signal.SIGTERM)  # Before tfpar.cli.train is imported.
-                from tfpar.cli.train import run
-                sys.argv[1:] = ["--dataset=digits", "--epochs=1"]
+                os.kill(os.getpid(), signal.SIGTERM)  # Before tfpar.cli.{program} is imported.
+                from tfpar.cli.{program} import run
+                sys.argv[1:] = {arguments}
                 run()
                 """))
         return subprocess.run([sys.executable, path], capture_output=True, text=True,
                               timeout=300, env={**os.environ, protocol.STOP_RECORD_ENV: record})
 
     def test_a_notice_while_a_program_imports_is_its_notice(self):
-        record = os.path.join(self.folder, "stop.json")
-        result = self.run_program("tfpar-train", record)
-        self.assertEqual(result.returncode, 85, result.stderr[-2000:])
-        self.assertEqual(result.stderr.strip().splitlines()[-1],
-                         "Preempted (SIGTERM) outside training: no training step had run since "
-                         "the start, so nothing new was to be saved.")
-        with open(record) as f:
-            self.assertEqual(json.load(f)["status"], 85)
+        for name in ("tfpar-train", "tfpar-launch"):
+            record = os.path.join(self.folder, f"{name}.json")
+            result = self.run_program(name, record)
+            self.assertEqual(result.returncode, 85, result.stderr[-2000:])
+            self.assertEqual(result.stderr.strip().splitlines()[-1],
+                             "Preempted (SIGTERM) outside training: no training step had run "
+                             "since the start, so nothing new was to be saved.")
+            with open(record) as f:
+                self.assertEqual(json.load(f)["status"], 85)
 
     def test_which_processes_are_tfpars_programs(self):
         python = "/usr/bin/python3"
