@@ -99,6 +99,25 @@ class ChooseTest(parameterized.TestCase):
         self.assertEqual((choice.on, choice.decided_by), (True, "tensorflow"))
         self.assertIn("'yes' is not 0, 1, false or true", choice.reason)
 
+    def test_a_value_is_read_as_tensorflow_reads_it_unstripped(self):
+        # TensorFlow's ReadBoolFromEnvVar lowercases but does not strip: " 0" is no value it
+        # reads, so it keeps its default (on here, where it turns oneDNN on by itself).
+        choice = onednn.choose(ZEN4, {onednn.ENABLE_ENV: " 0"})
+        self.assertEqual((choice.on, choice.decided_by), (True, "tensorflow"))
+        self.assertIn("' 0' is not 0, 1, false or true", choice.reason)
+        self.assertEqual(onednn.choose(ZEN4, {onednn.ENABLE_ENV: "FALSE"}).on, False)
+
+    def test_tfpars_avx2_setting_inherited_on_another_cpu_kind_is_removed(self):
+        # A process started by tfpar on an AVX2 CPU, running on an AVX-512 one: the inherited
+        # cap was tfpar's choice for the other kind, not the user's; it is taken away before
+        # TensorFlow starts, so what TensorFlow runs is this kind's choice.
+        inherited = dict(onednn.choose(ZEN3, {}).environment)
+        choice = onednn.choose(ZEN4, inherited)
+        self.assertEqual((choice.on, choice.cap, choice.decided_by), (True, None, "tensorflow"))
+        self.assertEqual(set(choice.unset), set(inherited))
+        # The same kind inherits the same choice and removes nothing.
+        self.assertEqual(onednn.choose(ZEN3, inherited).unset, ())
+
     def test_tfpars_own_setting_inherited_by_a_worker_is_not_the_users(self):
         chosen = onednn.choose(ZEN3, {})
         self.assertEqual((chosen.on, chosen.decided_by), (True, "tfpar"))
@@ -150,6 +169,69 @@ class ApplyTest(absltest.TestCase):
                 mock.patch.object(onednn, "tensorflow_started", return_value=True):
             onednn.apply({})
             self.assertIsNone(onednn.too_late())
+
+    def test_an_inherited_cap_is_removed_before_tensorflow_starts(self):
+        environ = dict(onednn.choose(ZEN3, {}).environment)
+        with mock.patch.object(onednn, "cpu_flags", return_value=ZEN4), \
+                mock.patch.object(onednn, "tensorflow_started", return_value=False):
+            actual = onednn.apply(environ)
+        self.assertEqual(environ, {})
+        self.assertEqual((actual.on, actual.cap), (True, None))
+
+    def test_an_inherited_cap_in_force_is_reported_with_its_origin(self):
+        # TensorFlow started before tfpar, under a cap tfpar set for an AVX2 CPU in the process
+        # that started this one: the cap is in force, said so, and bfloat16 is refused (one
+        # line) rather than dying inside oneDNN.
+        environ = dict(onednn.choose(ZEN3, {}).environment)
+        marker = environ[onednn.SET_BY_TFPAR_ENV]
+        with mock.patch.object(onednn, "cpu_flags", return_value=ZEN4), \
+                mock.patch.object(onednn, "tensorflow_started", return_value=True):
+            actual = onednn.apply(environ)
+        self.assertEqual(environ[onednn.CAP_ENV], "AVX")  # TensorFlow read it: left.
+        self.assertEqual((actual.on, actual.cap, actual.decided_by), (True, "AVX", "tfpar"))
+        self.assertEqual(actual.reason,
+                         f"inherited from the process that started this one "
+                         f"({onednn.SET_BY_TFPAR_ENV}={marker!r}: tfpar's choice for another CPU "
+                         "kind), in force since TensorFlow started before tfpar was imported")
+        self.assertTrue(onednn.bfloat16_without_kernels(actual, ZEN4))
+        with mock.patch.dict(onednn._APPLIED, wanted=onednn.choose(ZEN4, environ),
+                             actual=actual):
+            self.assertRegex(onednn.too_late(), r": oneDNN is on, capped at AVX where tfpar "
+                                                r"would have it on\. Import tfpar before "
+                                                r"TensorFlow \(and Keras\), or start Python "
+                                                r"without ONEDNN_MAX_CPU_ISA "
+                                                r"TF_ENABLE_ONEDNN_OPTS\.$")
+
+    def test_tensorflow_imported_first_is_said_as_such_not_as_a_setting(self):
+        with mock.patch.object(onednn, "cpu_flags", return_value=ZEN3), \
+                mock.patch.object(onednn, "tensorflow_started", return_value=True):
+            actual = onednn.apply({})
+        self.assertEqual(actual.describe(), "off (tensorflow: TensorFlow was imported before "
+                                            "tfpar, so its own rule applies: off on this CPU)")
+
+    def test_what_is_reported_is_read_back_from_tensorflow(self):
+        choice = onednn.Choice(True, None, "tfpar", "a reason")
+        with mock.patch.dict(onednn._APPLIED, actual=choice), \
+                mock.patch.object(onednn, "tensorflow_started", return_value=True), \
+                mock.patch.object(onednn.onednn_state, "tensorflow_runs_onednn",
+                                  return_value=False):
+            self.assertEqual(onednn.current().describe(),
+                             "off (tensorflow: read back from TensorFlow, which runs it off "
+                             "where tfpar expected on: a reason)")
+        # In a process: a value TensorFlow does not read is reported as what it runs.
+        code = textwrap.dedent("""
+            import tfpar
+            import tensorflow as tf
+            from tfpar.compat import onednn_state
+            from tfpar.host import onednn
+            print(onednn.current().on, onednn_state.tensorflow_runs_onednn())
+        """)
+        env = {k: v for k, v in os.environ.items()
+               if k not in (onednn.SET_BY_TFPAR_ENV, onednn.POLICY_ENV, onednn.CAP_ENV)}
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env={**env, onednn.ENABLE_ENV: " 0"}, timeout=300)
+        on = bool(onednn.tensorflow_default(onednn.cpu_flags()))
+        self.assertEqual(result.stdout.split(), [str(on), str(on)], result.stderr[-2000:])
 
     def test_import_tfpar_sets_it_in_a_fresh_process_and_leaves_the_users(self):
         code = textwrap.dedent("""

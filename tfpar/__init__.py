@@ -14,8 +14,14 @@ CPU into logical devices before TensorFlow initialises.
 
 __version__ = "0.3.0"
 
-from tfpar import lazy_exports
-from tfpar.host import onednn as _onednn
+# First, in tfpar's programs only: a scheduler's notice from here on is recorded, before their
+# heavy imports, and becomes the program's notice once it watches for it.
+from tfpar.cluster import signal_router as _signal_router
+
+_signal_router.record_early()
+
+from tfpar import lazy_exports  # noqa: E402
+from tfpar.host import onednn as _onednn  # noqa: E402
 
 # TensorFlow reads whether to run its oneDNN kernels once, when it is imported: tfpar's choice
 # for this CPU kind goes into the environment first (a user's setting is never changed).

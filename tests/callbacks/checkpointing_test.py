@@ -9,6 +9,7 @@ from tfpar import testing
 from tfpar.callbacks import checkpointing
 from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
+from tfpar.errors import PeerLostError
 from tfpar.errors import StateNotSavedError
 
 
@@ -72,6 +73,39 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint._manager.save = manager_save
         self.assertEqual(checkpoint.restore(), 1)
         self.assertEqual(checkpoint.history["loss"], [1.5])
+
+    def test_a_save_that_fails_because_a_peer_is_gone_says_so_not_free_space(self):
+        # A peer that stopped (its own notice's grace ran out) aborts the save's collectives:
+        # the line names the lost peer, as a lost peer during training does (status 69).
+        directory, checkpoint = self.saved_once()
+
+        def peer_gone(checkpoint_number):
+            raise tf.errors.UnavailableError(
+                None, None, "Collective ops is aborted by: The following tasks are unhealthy "
+                "(stopped sending heartbeats):\n/job:worker/replica:0/task:1")
+
+        checkpoint._manager.save = peer_gone
+        with self.assertRaises(PeerLostError) as raised:
+            checkpoint.on_epoch_end(1, {"loss": 1.2})
+        self.assertEqual(str(raised.exception),
+                         "Worker 1 stopped answering, so TensorFlow aborted the job's "
+                         "collectives. Check that every worker's process is still running (not "
+                         "stopped, killed or out of memory) and the network between the "
+                         "workers. The training state of epoch 2 could not be saved; the state "
+                         f"of epoch 1 in {directory} is intact and is where a rerun resumes.")
+        self.assertEqual((raised.exception.exit_status, raised.exception.unresponsive),
+                         (69, (1,)))
+
+    def test_the_notice_learns_of_a_save_at_its_commit_before_the_clean_up(self):
+        # Were the grace budget to run out while old copies are pruned, the notice must
+        # already name the state just committed, where the folder resumes.
+        directory, checkpoint = self.saved_once()
+        seen = []
+        with mock.patch.object(checkpointing.preemption, "NOTICE") as notice, \
+                mock.patch.object(checkpoint, "_prune_replica_copies",
+                                  lambda: seen.extend(notice.saved.call_args_list)):
+            checkpoint.save_inside_epoch(1, 3)
+        self.assertEqual(seen, [mock.call(f"epoch 2 step 3 in {directory}", (1, 3))])
 
     def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
         model_dir = self.get_temp_dir()

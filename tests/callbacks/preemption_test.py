@@ -102,9 +102,14 @@ class PreemptedRunTest(testing.StrategyTestCase):
         config = training.TrainConfig(strategy=strategies.choose(strategy, **options),
                                       dataset="synthetic", epochs=3, batch_size=8, verbose=0,
                                       steps_per_execution=steps_per_execution)
-        message, _, resumed = self.preempt_and_resume(config, SignalAt(2, 2 * steps_per_execution))
+        stop_at = mock.Mock(wraps=preemption.NOTICE.stop_at)
+        message, _, resumed = self.preempt_and_resume(
+            config, SignalAt(2, 2 * steps_per_execution),
+            during=lambda: mock.patch.object(preemption.NOTICE, "stop_at", stop_at))
         # One process stops at the first step boundary after the notice: the next call's end.
         stop = 3 * steps_per_execution
+        # The notice knew the state it waited for (to tell a save cut short from one done).
+        self.assertEqual(stop_at.call_args_list, [mock.call((1, stop))])
         self.assertRegex(message, rf"^Preempted \(SIGUSR1\): state saved at epoch 2 step {stop} in"
                                   rf" .*_2_devices, [\d.]+ s after the notice; run the same "
                                   r"command to resume\.$")
@@ -119,9 +124,12 @@ class PreemptedRunTest(testing.StrategyTestCase):
     def test_a_notice_at_an_epochs_last_step_stops_once_the_epoch_ended(self):
         config = training.TrainConfig(strategy="mirrored", dataset="synthetic", epochs=3,
                                       batch_size=8, verbose=0)
+        stop_at = mock.Mock(wraps=preemption.NOTICE.stop_at)
         message, _, resumed = self.preempt_and_resume(
-            config, SignalAt(1, STEPS_PER_EPOCH - 1), 1)
+            config, SignalAt(1, STEPS_PER_EPOCH - 1), 1,
+            during=lambda: mock.patch.object(preemption.NOTICE, "stop_at", stop_at))
         self.assertRegex(message, r"^Preempted \(SIGUSR1\): state saved at the end of epoch 1 ")
+        self.assertEqual(stop_at.call_args_list, [mock.call((1, 0))])
         self.assertLen(resumed.epoch_seconds, 2)
 
     def test_two_notices_stop_once(self):

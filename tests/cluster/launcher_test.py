@@ -267,7 +267,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                       f"{os.path.join(model_dir, 'mirrored_2_devices')}.", out.getvalue())
 
     def test_a_round_whose_chief_recorded_nothing_made_no_progress(self):
-        self.assertEqual(launcher.progress_of(None), Progress())
+        self.assertEqual(launcher.progress_of(None), Progress(recorded=False))
         record = protocol.ProgressRecord(restored=None, saved=(2, 3), folder="/d")
         self.assertEqual(launcher.progress_of(record), Progress((0, 0), (2, 3), "/d"))
         self.assertTrue(launcher.progress_of(record).made)
@@ -281,6 +281,25 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
         self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir=e"]), "e")
         self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))
+
+    def test_a_world_size_invariant_job_counts_every_device_of_its_workers(self):
+        # 4 workers of 2 devices each are 8 replicas, which do not divide virtual_replicas=4:
+        # refused before any worker starts, however the devices per worker are given (the
+        # worker command's --num_devices or --devices, or the GPUs the launcher gives each).
+        eight_gpus = [str(i) for i in range(8)]
+        for command, gpus, how in (
+                (["t", "--virtual_replicas=4", "--num_devices=2"], None, "--num_devices=2"),
+                (["t", "--virtual_replicas=4", "--devices", "CPU:0,CPU:1"], None,
+                 "--devices=CPU:0,CPU:1"),
+                (["t", "--virtual_replicas=4"], eight_gpus, "2 GPUs each")):
+            with self.assertRaisesRegex(ConfigError, re.escape(
+                    f"--virtual_replicas=4 needs a number of replicas that divides it; 4 "
+                    f"workers of 2 devices ({how}) are 8 replicas.")):
+                launcher.launch(command, 4, out=io.StringIO(), network="host", gpus=gpus)
+        self.assertEqual(launcher.worker_counts(
+            ["t", "--virtual_replicas=4", "--num_devices=2"], 1, 2), (1, 2))
+        self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
+                         (1, 2, 4))
 
     def test_each_worker_gets_its_own_tf_config(self):
         configs = [json.loads(c) for c in launcher.tf_configs(3)]
@@ -475,7 +494,12 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                                  ([], "Error: Give the command to run after '--'"),
                                  (["--max_restarts=1", "--", "python", "my_fit.py"],
                                   "or, if it resumes by itself (Keras's BackupAndRestore, "
-                                  "tfpar's EpochCheckpoint), set --resumes_itself.")):
+                                  "tfpar's EpochCheckpoint), set --resumes_itself."),
+                                 (["--num_workers=4", "--", "python", "t.py",
+                                   "--virtual_replicas=4", "--num_devices=2"],
+                                  "Error: --virtual_replicas=4 needs a number of replicas "
+                                  "that divides it; 4 workers of 2 devices (--num_devices=2) "
+                                  "are 8 replicas.")):
             result = subprocess.run(
                 [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), *command],
                 capture_output=True, text=True, timeout=120)

@@ -157,6 +157,30 @@ class NoticeProcessTest(tf.test.TestCase):
             self.assertTrue(json.load(f)["work_lost"])
 
 
+    def test_a_budget_spent_after_the_notices_state_was_committed_lost_nothing(self):
+        # The notice's state (epoch 2 step 3) was committed; the budget ran out while old
+        # copies were being pruned. The record names that state, and no work was lost.
+        record = os.path.join(self.get_temp_dir(), "stop.json")
+        result = run("""
+            import os, signal, time
+            from tfpar.cluster import preemption
+            preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
+            preemption.NOTICE.training(True)
+            preemption.NOTICE.saved("the end of epoch 1 in /runs/x", (1, 0))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            preemption.NOTICE.stop_at((1, 3))  # The step the job agreed on.
+            preemption.NOTICE.saved("epoch 2 step 3 in /runs/x", (1, 3))  # Its commit.
+            time.sleep(30)  # Pruning, past the budget.
+            """, **{protocol.STOP_RECORD_ENV: record})
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
+        self.assertIn("Preempted (SIGUSR1): the notice's state was saved (epoch 2 step 3 in "
+                      "/runs/x, where a rerun resumes); the 0.2 s grace budget ran out as the "
+                      "process ended, with nothing lost.", result.stderr)
+        with open(record) as f:
+            stop = json.load(f)
+        self.assertEqual((stop["work_lost"], stop["position"]), (False, [1, 3]))
+
+
 class LauncherHandOverTest(tf.test.TestCase):
 
     def test_a_launcher_takes_over_its_programs_notices_and_their_budget(self):

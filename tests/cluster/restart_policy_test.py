@@ -94,9 +94,47 @@ TABLE = {
         "state could not be saved within the grace budget: a rerun resumes at epoch 2 in "
         "/state, and the training since is lost."),
     "a_notice_to_the_launcher_that_a_worker_ignored": Row(
-        RoundResult(Outcome.NOTICE, 137), NOTHING_NEW, fixed(max_restarts=3), Action.EXIT, 137,
-        "launcher: preempted; the workers exited with 137, the state saved at epoch 2 in "
-        "/state."),
+        RoundResult(Outcome.NOTICE, 137, statuses=(85, 137)), NOTHING_NEW,
+        fixed(max_restarts=3), Action.EXIT, 137,
+        "launcher: preempted; the workers exited with 137 (killed past the grace budget): a "
+        "rerun resumes at epoch 2 in /state, and the training since is lost."),
+    # A user's script that saves with BackupAndRestore but does not watch for notices: the
+    # notice's SIGTERM kills it during training, after its chief recorded progress, so its
+    # 143 is its status, and the steps since its last save are lost.
+    "a_notice_that_killed_a_script_during_training": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143, 143)),
+        Progress((0, 0), (0, 15), "/state"),
+        fixed(max_restarts=3, model_dir=None), Action.EXIT, 143,
+        "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
+        "without saving: the command does not save on a notice): a rerun resumes at epoch 1 "
+        "step 15 in /state, and the training since is lost."),
+    "a_notice_that_killed_a_script_before_its_first_save": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143, 143)), FIRST_ROUND,
+        fixed(max_restarts=3), Action.EXIT, 143,
+        "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
+        "without saving: the command does not save on a notice): nothing was saved in /state "
+        "yet, so a rerun starts from scratch."),
+    # The notice ended the workers before they began training (nothing recorded this round):
+    # nothing was lost, and the line says their real status.
+    "a_notice_while_the_workers_started": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143, 85)),
+        Progress((2, 0), (2, 0), recorded=False), fixed(max_restarts=3), Action.EXIT, 85,
+        "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state: worker 0 "
+        "was ended by the notice while starting (exit 143), before it watched for notices, "
+        "with nothing to save."),
+    # One worker's own notice whose save ran out of grace: not "preempted after saving".
+    "a_workers_notice_whose_save_ran_out_of_grace": Row(
+        RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(69, 85)),
+        Progress((1, 0), (2, 0)), fixed(max_restarts=1), Action.START, 0,
+        "launcher: the job was preempted, but worker 1 could not save the notice's state "
+        "within the grace budget (the training since the last save is lost); starting every "
+        "worker again (not counted as a failure), resuming from epoch 2 in /state.", [0, 1],
+        0),
+    "a_workers_notice_whose_save_ran_out_of_grace_without_restarts": Row(
+        RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(69, 85)),
+        Progress((1, 0), (2, 0)), fixed(), Action.EXIT, 85,
+        "launcher: preempted; worker 1 could not save the notice's state within the grace "
+        "budget: a rerun resumes at epoch 2 in /state, and the training since is lost."),
     "ctrl_c": Row(
         RoundResult(Outcome.INTERRUPTED, 130), SAVED, fixed(max_restarts=3), Action.EXIT, 130,
         None),
@@ -204,9 +242,12 @@ class RestartPolicyTest(parameterized.TestCase):
         ("one_exited_0_on_the_notice_and_one_was_killed", [0, 137], 137),
         # Still starting: the notice ended it before it watched for notices.
         ("one_still_starting", [85, 143], 85),
+        # Training had begun (the chief recorded progress): the notice's SIGTERM killed it
+        # mid-training without saving.
+        ("one_killed_by_the_notice_during_training", [85, 143], 143, True),
         ("one_crashed", [85, 1], 1))
-    def test_the_status_after_a_notice_to_the_launcher(self, statuses, expected):
-        self.assertEqual(notice_status(statuses), expected)
+    def test_the_status_after_a_notice_to_the_launcher(self, statuses, expected, started=False):
+        self.assertEqual(notice_status(statuses, started=started), expected)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,19 @@
 """The one home of signal handlers, on its own: handlers that only record, nested
 subscriptions that give back what they replaced, and listeners told from the router's thread."""
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
 
 from absl.testing import absltest
 
+from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 
 
@@ -93,6 +100,71 @@ class SignalRouterTest(absltest.TestCase):
         worker.start()
         worker.join()
         self.assertEqual(results, [False])
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class EarlyNoticeTest(absltest.TestCase):
+    """A program's notices are recorded from the moment ``import tfpar`` begins, before the
+    program's own heavy imports, and become the notice once the program watches for them."""
+
+    def setUp(self):
+        super().setUp()
+        self.folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.folder, True)
+
+    def run_program(self, name: str, record: str) -> subprocess.CompletedProcess:
+        """Runs a program file called ``name`` as a console script does (``from
+        tfpar.cli.X import run``), with a notice right after tfpar's first line ran."""
+        program, arguments = (("launch", '["--num_workers=1", "--", sys.executable, "-c", '
+                                         '"pass"]') if name == "tfpar-launch"
+                              else ("train", '["--dataset=digits", "--epochs=1"]'))
+        path = os.path.join(self.folder, name)
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(f"""
+                import os, signal, sys
+                import tfpar  # The first line of tfpar the program runs.
+                os.kill(os.getpid(), signal.SIGTERM)  # Before tfpar.cli.{program} is imported.
+                from tfpar.cli.{program} import run
+                sys.argv[1:] = {arguments}
+                run()
+                """))
+        return subprocess.run([sys.executable, path], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, protocol.STOP_RECORD_ENV: record})
+
+    def test_a_notice_while_a_program_imports_is_its_notice(self):
+        for name in ("tfpar-train", "tfpar-launch"):
+            record = os.path.join(self.folder, f"{name}.json")
+            result = self.run_program(name, record)
+            self.assertEqual(result.returncode, 85, result.stderr[-2000:])
+            self.assertEqual(result.stderr.strip().splitlines()[-1],
+                             "Preempted (SIGTERM) outside training: no training step had run "
+                             "since the start, so nothing new was to be saved.")
+            with open(record) as f:
+                self.assertEqual(json.load(f)["status"], 85)
+
+    def test_which_processes_are_tfpars_programs(self):
+        python = "/usr/bin/python3"
+        for argv, orig_argv, expected in (
+                (["/venv/bin/tfpar-train"], [python, "/venv/bin/tfpar-train"], True),
+                (["-m"], [python, "-X", "importtime", "-m", "tfpar.cli.launch"], True),
+                (["-m"], [python, "-mtfpar.cli.env"], True),
+                (["-m"], [python, "-m", "pytest", "tests"], False),
+                (["-c"], [python, "-c", "import tfpar"], False),
+                (["my.py"], [python, "my.py", "-m", "tfpar.cli.train"], False),
+                ([os.path.join(ROOT, "scripts", "train.py")],
+                 [python, os.path.join(ROOT, "scripts", "train.py")], True),
+                (["scripts/train.py"], [python, "scripts/train.py"],
+                 os.path.realpath("scripts/train.py")
+                 == os.path.join(os.path.realpath(ROOT), "scripts", "train.py"))):
+            self.assertEqual(signal_router.is_program(argv, orig_argv), expected,
+                             (argv, orig_argv))
+
+    def test_a_program_of_the_users_importing_tfpar_keeps_its_own_signals(self):
+        result = self.run_program("my_train.py",
+                                  os.path.join(self.folder, "stop.json"))
+        self.assertEqual(result.returncode, -signal.SIGTERM, result.stderr[-2000:])
 
 
 if __name__ == "__main__":

@@ -103,6 +103,20 @@ class SlurmTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(environ.get("CUDA_VISIBLE_DEVICES"), kept.get(
                 "CUDA_VISIBLE_DEVICES"))
 
+    def test_without_slurm_localid_the_share_is_the_one_tensorflows_resolver_gives(self):
+        # No SLURM_LOCALID: the task's place on its node follows TensorFlow's layout (nodes
+        # sorted, each node's tasks in rank order), so the share pinned before CUDA starts is
+        # the one the resolver would set after: rank 2 is node01's second task.
+        smi = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 4))
+        environ = srun_environment(rank=2, tasks=5, nodes="node[01-02],gpu7",
+                                   per_node="2(x2),1")
+        self.assertEqual(self.resolve(environ, path=smi)[3], "2,3")  # TensorFlow's own.
+        with mock.patch.dict(os.environ, {"PATH": smi}):
+            self.assertEqual(slurm.pin_gpus(environ), "2,3")
+        self.assertEqual(slurm.expand_hostlist("n[1-2],m5,o[03-04,6]"),
+                         ["n1", "n2", "m5", "o03", "o04", "o6"])
+        self.assertEqual(slurm.local_id(srun_environment(rank=1, SLURM_LOCALID="0")), 0)
+
     def test_the_train_command_pins_and_counts_them_before_tensorflow_starts(self):
         # The order that matters: CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first
         # lists the GPUs; the share is set while the flags become a config, before any import.

@@ -4,6 +4,7 @@ worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,8 +65,41 @@ class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
         launch.send_signal(signal.SIGTERM)
         output = launch.communicate(timeout=120)[0]
         self.assertEqual(launch.returncode, expected, output)
-        self.assertIn(f"launcher: preempted; the workers exited with {expected}.", output)
+        said = ("" if expected == 85 else " (killed past the grace budget): the training "
+                "since the last complete state is lost")
+        self.assertIn(f"launcher: preempted; the workers exited with {expected}{said}.", output)
         self.assertNotIn("Traceback", output)
+
+
+    def test_a_notice_that_kills_a_script_during_training_is_said_with_its_status(self):
+        # A user's script that saves (its chief recorded epoch 1 step 15, as BackupAndRestore
+        # under tfpar does) but does not watch for notices: the notice's SIGTERM kills it
+        # during training. Its status is 143, not the preempted one, and the line says where
+        # the folder resumes and that the steps since are lost.
+        state = os.path.join(self.get_temp_dir(), "state")
+        code = textwrap.dedent("""
+            import os, sys, time
+            from tfpar.progress_record import record_progress
+            if os.environ["TFPAR_WORKER_SLOT"] == "0":
+                record_progress(sys.argv[1], restored=(0, 0))
+                record_progress(sys.argv[1], saved=(0, 15))
+            print("up", flush=True)
+            time.sleep(60)
+            """)
+        launch = subprocess.Popen(
+            [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", code, state],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(launch.kill)
+        for _ in range(2):
+            self.assertIn("up", launch.stdout.readline())
+        launch.send_signal(signal.SIGTERM)
+        output = launch.communicate(timeout=120)[0]
+        self.assertEqual(launch.returncode, 143, output)
+        self.assertEqual(launcher_lines(output)[-1],
+                         "launcher: preempted; the workers exited with 143 (ended by the "
+                         "notice's SIGTERM without saving: the command does not save on a "
+                         "notice): a rerun resumes at epoch 1 step 15 in "
+                         f"{state}, and the training since is lost.")
 
 
 class NoticeAtAnyMomentTest(tf.test.TestCase):
@@ -106,10 +140,10 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
     def test_a_notice_while_the_launcher_looks_for_gpus_exits_85_before_any_worker(self):
         def slow_nvidia_smi(environ):
             os.kill(os.getpid(), signal.SIGTERM)  # nvidia-smi can take seconds to answer.
-            return []
+            return [], None
 
         out = io.StringIO()
-        with mock.patch.object(launcher.gpus_lib, "visible_gpus", slow_nvidia_smi), \
+        with mock.patch.object(launcher.gpus_lib, "gpu_listing", slow_nvidia_smi), \
                 mock.patch.object(worker_group.WorkerGroup, "run") as run:
             status = launcher.launch([sys.executable, "-c", "pass"], 2, out=out)
         self.assertEqual(status, 85, out.getvalue())
@@ -135,7 +169,9 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
         self.assertLess(time.monotonic() - began, 50)  # Not the workers' 60 s.
         self.assertEqual(launcher_lines(out.getvalue()), [
             "launcher: preemption notice; passed to every worker, waiting for them to save.",
-            "launcher: preempted; the workers exited with 85."])
+            "launcher: preempted; exiting with 85: worker 0 and worker 1 were ended by the "
+            "notice while starting (exit 143), before they watched for notices, with nothing "
+            "to save."])
 
 
 class SecondNoticeTest(tf.test.TestCase):
@@ -159,6 +195,25 @@ class SecondNoticeTest(tf.test.TestCase):
         # Outside training a notice stops the process at once, with the preempted status.
         self.assertEqual(result.returncode, 85, result.stderr)
         self.assertIn("Preempted (SIGTERM) outside training", result.stderr)
+
+
+def failing_nvidia_smi(directory: str) -> str:
+    """An ``nvidia-smi`` in ``directory/bin`` that fails, as one whose driver does not answer."""
+    path = os.path.join(directory, "bin", "nvidia-smi")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version "
+                "mismatch' >&2\nexit 1\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def driver_listing(directory: str, count: int) -> str:
+    """A stand-in for the driver's /proc listing of ``count`` GPUs, in ``directory``."""
+    driver = os.path.join(directory, f"driver{count}")
+    for i in range(count):
+        os.makedirs(os.path.join(driver, f"0000:{17 + i:02x}:00.0"))
+    return driver
 
 
 class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
@@ -197,6 +252,19 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
         seen, _ = self.given(2, gpus=[])
         self.assertEqual(seen, {0: "unset", 1: "unset"})
 
+    def test_a_failing_nvidia_smi_leaves_the_drivers_gpus_and_a_line(self):
+        smi = failing_nvidia_smi(self.get_temp_dir())
+        driver = driver_listing(self.get_temp_dir(), 2)
+        with mock.patch.dict(os.environ, {"PATH": f"{os.path.dirname(smi)}:"
+                                                  f"{os.environ['PATH']}"}), \
+                mock.patch.object(gpus, "DRIVER_GPUS", driver):
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            seen, lines = self.given(2)
+        self.assertEqual(seen, {0: "0", 1: "1"})
+        self.assertIn("launcher: nvidia-smi failed (exit status 1: Failed to initialize NVML: "
+                      "Driver/library version mismatch); counting the GPUs the driver lists in "
+                      f"{driver} instead: 2.", lines)
+
     def test_more_workers_than_gpus_is_refused_in_one_line(self):
         with self.assertRaisesRegex(ConfigError, r"^5 workers of 1 GPU each need 5 GPUs; this "
                                                  r"host shows 4 .* set gpus_per_worker=0 to run "
@@ -209,8 +277,8 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertEqual(result.stderr.strip(),
                          "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
-                         "(CUDA_VISIBLE_DEVICES or nvidia-smi). Run fewer workers, or set "
-                         "--gpus_per_worker=0 to run them on the CPU.")
+                         "(CUDA_VISIBLE_DEVICES, nvidia-smi or the driver's list). Run fewer "
+                         "workers, or set --gpus_per_worker=0 to run them on the CPU.")
 
 
 MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5a1c)
@@ -233,6 +301,36 @@ class GpuListingTest(tf.test.TestCase):
                                            driver_gpus=os.path.join(driver, "none")), [])
         self.assertEqual(gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "3"}, which=lambda _: None,
                                            driver_gpus=driver), ["3"])
+
+    def test_a_failing_nvidia_smi_falls_back_to_the_drivers_list_and_says_so(self):
+        smi = failing_nvidia_smi(self.get_temp_dir())
+        driver = driver_listing(self.get_temp_dir(), 2)
+        listed, note = gpus.gpu_listing({}, which=lambda _: smi, driver_gpus=driver)
+        self.assertEqual(listed, ["0", "1"])
+        self.assertEqual(note, "nvidia-smi failed (exit status 1: Failed to initialize NVML: "
+                               "Driver/library version mismatch); counting the GPUs the driver "
+                               f"lists in {driver} instead: 2.")
+        self.assertEqual(gpus.visible_gpus({}, which=lambda _: smi, driver_gpus=driver),
+                         ["0", "1"])
+        none = os.path.join(driver, "missing")
+        self.assertEqual(gpus.gpu_listing({}, which=lambda _: smi, driver_gpus=none), (
+            [], "nvidia-smi failed (exit status 1: Failed to initialize NVML: Driver/library "
+                f"version mismatch), and the driver lists no GPU in {none}: no GPU is given."))
+
+    def test_a_gpu_listed_twice_is_refused_in_one_line(self):
+        with self.assertRaisesRegex(ConfigError, re.escape(
+                "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "
+                "List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")):
+            gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})
+        result = subprocess.run([sys.executable, LAUNCH, "--num_workers=2", "--",
+                                 sys.executable, "-c", "pass"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,0"})
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.strip(),
+                         "Error: CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers "
+                         "would share it. List each GPU once. Received: "
+                         "CUDA_VISIBLE_DEVICES='0,0'.")
 
     def test_mig_instances_are_listed_by_uuid_one_per_worker(self):
         listed = gpus.listed_gpus(MIG_LISTING)

@@ -25,6 +25,14 @@ if action == "blame1":  # Says worker 1 stopped answering, as tfpar's programs d
     from tfpar.cluster import protocol
     protocol.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
     sys.exit(69)
+if action == "lost85":  # Its notice's save ran out of grace, as tfpar's programs record it.
+    from tfpar.cluster import protocol
+    protocol.record_stop(85, "Preempted (SIGTERM): the state could not be saved", position=(2, 0),
+                         work_lost=True)
+    sys.exit(85)
+if action == "69later":  # A peer that finds the preempted worker gone.
+    time.sleep(3)
+    sys.exit(69)
 sys.exit(int(action) if action.isdigit() else 0)
 """
 
@@ -68,6 +76,15 @@ class WorkerGroupTest(tf.test.TestCase):
     def test_a_preempted_worker_leaves_the_others_to_finish(self):
         result, _ = self.run_round(str(int(ExitStatus.PREEMPTED)), "0")
         self.assertEqual((result.outcome, result.status), (Outcome.PREEMPTED, 85))
+
+    def test_a_preempted_workers_record_and_its_peers_statuses_are_read(self):
+        # Worker 1's notice: its save ran out of grace (its stop record says the work is
+        # lost); worker 0 then finds it gone. The round reports both, not a clean preemption.
+        result, output = self.run_round("69later", "lost85")
+        self.assertEqual(result, RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True,
+                                             statuses=(69, 85)))
+        self.assertIn("launcher: worker 1 stopped for a preemption notice (exit 85); waiting "
+                      "for the others to save.", output)
 
     def test_slots_and_ranks_differ_after_a_loss(self):
         _, output = self.run_round("0", "0", slots=[0, 2])

@@ -117,6 +117,22 @@ class JobPreemptionTest(PreemptionTestCase):
         self.assertSameValues(self.uninterrupted("multi_worker", *flags),
                               model_values(parts, "multi_worker_1_devices"))
 
+    def test_a_workers_notice_whose_save_runs_out_of_grace_is_said_so(self):
+        # Worker 1's notice; its saves then take 30 s, past a 3 s budget: it exits 85 with its
+        # record saying the work is lost, and worker 0's save loses its peer. Neither the
+        # launcher nor worker 0 may say otherwise ("preempted after saving", "Free space").
+        parts = os.path.join(self.get_temp_dir(), "parts")
+        status, output = self.job(parts, "multi_worker", "--preemption_grace_seconds=3",
+                                  signal_at=("slow_save", 2, 30, "SIGTERM"))
+        self.assertEqual(status, PREEMPTED, output[-3000:])
+        self.assertIn("launcher: preempted; worker 1 could not save the notice's state within "
+                      "the grace budget: a rerun resumes at epoch 1 in "
+                      f"{os.path.join(parts, 'multi_worker_1_devices')}, and the training since "
+                      "is lost.", output)
+        self.assertIn("[worker 0] Error: Worker 1 stopped answering", output)
+        self.assertNotIn("Free space there", output)
+        self.assertNotIn("preempted after saving", output)
+
     def test_a_notice_to_the_launcher_is_passed_to_every_worker(self):
         model_dir = os.path.join(self.get_temp_dir(), "state")
         process = subprocess.Popen(

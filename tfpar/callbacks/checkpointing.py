@@ -31,12 +31,14 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import replica_copies
+from tfpar.cluster import failures
 from tfpar.cluster import preemption
 from tfpar.cluster import protocol
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
 from tfpar.errors import ConfigError
+from tfpar.errors import PeerLostError
 from tfpar.errors import StateNotSavedError
 
 
@@ -285,7 +287,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._write_replica_copies(f"ckpt-{number}")
         path = self._manager.save(checkpoint_number=number)
         self._last_number = number
+        # Committed: the notice (for its line and stop record, should its grace budget run out
+        # during the clean-up below) and the launcher learn of it now.
+        preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
         if self._chief:
+            protocol.record_progress(self.directory, saved=(epochs, steps))
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
@@ -333,6 +339,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
         Raises:
             StateNotSavedError: If the state could not be written (the last one is intact).
+            PeerLostError: If a peer worker stopped answering during the save (the last one
+                is intact).
         """
         self._save_or_raise(epoch, steps)
         return self.describe(epoch, steps)
@@ -342,9 +350,18 @@ class EpochCheckpoint(keras.callbacks.Callback):
             path = self._save(epochs, steps)
         except (OSError, tf.errors.OpError) as e:
             self._remove_partial_saves()
+            last = self._manager.latest_checkpoint
+            tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
+                     else None)
+            if tasks is not None:  # A peer that stopped aborted the save's collectives.
+                kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
+                        "intact and is where a rerun resumes" if last
+                        else "no state was saved before")
+                raise PeerLostError(failures.peer_lost_message(
+                    tasks, f"The training state of {_short(epochs, steps)} could not be saved; "
+                           f"{kept}."), unresponsive=failures.worker_indices(tasks)) from None
             reason = e.strerror if isinstance(e, OSError) else re.sub(
                 r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
-            last = self._manager.latest_checkpoint
             resume = (f"the state of {self._short_position_of(last)} is intact"
                       if last else "no state was saved before")
             raise StateNotSavedError(
@@ -352,9 +369,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 f"{self._write_dir} "
                 f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
                 "make it writable) and run again to resume.") from None
-        preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
         if self._chief:
-            protocol.record_progress(self.directory, saved=(epochs, steps))
             if steps:
                 logging.info("Saved training state at epoch %d step %d to %s", epochs + 1, steps,
                              path)

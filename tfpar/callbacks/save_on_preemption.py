@@ -93,6 +93,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
             # Keras draws the next batch. Save now (every worker alike), then either the epoch
             # ends (the epoch's own save replaces this one) or the next step ends the run.
             self._saved_before = (self._epoch, batch + 1)
+            preemption.NOTICE.stop_at(self._saved_before)
             self._save_inside_epoch(*self._saved_before)
             self._at_epoch_end = True
             return
@@ -100,7 +101,9 @@ class SaveOnPreemption(keras.callbacks.Callback):
             # The epoch's last step: its end (validation, callbacks, the epoch's save) runs
             # first, and training stops when the next epoch would begin.
             self._at_epoch_end = True
+            preemption.NOTICE.stop_at((self._epoch + 1, 0))
             return
+        preemption.NOTICE.stop_at((self._epoch, batch + 1))
         self._raise_preempted(self._epoch, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):

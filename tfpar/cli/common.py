@@ -156,10 +156,11 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
     Library errors name the flags of their arguments (``aliases``: arguments whose flag has
     another name). Positional arguments are refused (exit 2) unless ``positional``.
     """
-    # From the program's first instant, a scheduler's notice (SIGTERM, SIGUSR1) is a notice:
-    # before training it ends the program with the preempted status and its stop record, not
-    # as an interruption (130), which a scheduler does not requeue. The train command narrows
-    # the signals to its --preemption_signal once its flags are read.
+    # From the program's first import of tfpar (recorded there, taken over here), a
+    # scheduler's notice (SIGTERM, SIGUSR1) is a notice: before training it ends the program
+    # with the preempted status and its stop record, not as an interruption (130), which a
+    # scheduler does not requeue. The train command narrows the signals to its
+    # --preemption_signal once its flags are read.
     preemption.NOTICE.watch(preemption.notice_signals(preemption.DEFAULT_NOTICE_SIGNAL),
                              exit_process=True)
     for flag in flags.FLAGS.get_key_flags_for_module(flags_module):

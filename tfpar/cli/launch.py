@@ -48,9 +48,10 @@ flags.DEFINE_bool("resumes_itself", False,
                   "--model_dir in it.")
 flags.DEFINE_integer("gpus_per_worker", None,
                      "GPUs each worker gets of this host's (CUDA_VISIBLE_DEVICES, else those "
-                     "nvidia-smi lists), through its CUDA_VISIBLE_DEVICES: by default the host's "
-                     "GPUs divided evenly among the workers; 0 runs them on the CPU. On a host "
-                     "without GPUs nothing is given.")
+                     "nvidia-smi lists, else, where it is missing or fails, those the driver lists "
+                     "in /proc/driver/nvidia/gpus), through its CUDA_VISIBLE_DEVICES: by default "
+                     "the host's GPUs divided evenly among the workers; 0 runs them on the CPU. "
+                     "On a host without GPUs nothing is given.")
 flags.DEFINE_bool("all_output", False,
                   "Every worker prints its progress bars and report; by default only the chief "
                   "(worker 0) does, the others print warnings and errors.")

@@ -6,8 +6,9 @@ CUDA, and so TensorFlow, then shows a worker only its share, numbered from 0 (Te
 ``GPU:0`` is the first GPU of its share). Without it every worker would see every GPU and, with
 one device each, all would train on the first. Shares follow the worker's slot (kept across
 restarts of an elastic job), so a worker keeps its GPUs when others come and go. No TensorFlow
-here: the launcher reads ``CUDA_VISIBLE_DEVICES``, ``nvidia-smi`` or, where ``nvidia-smi`` is
-not installed (a slim container), the driver's own list of GPUs in ``/proc``.
+here: the launcher reads ``CUDA_VISIBLE_DEVICES`` (each GPU listed once), ``nvidia-smi`` or,
+where ``nvidia-smi`` is not installed (a slim container) or fails (a driver that does not
+answer; one line says so), the driver's own list of GPUs in ``/proc``.
 
 MIG: a GPU split into MIG instances is listed as its instances' UUIDs (``MIG-...``), each a
 worker's share of one: CUDA shows a process one MIG instance at most, so ``gpus_per_worker``
@@ -28,38 +29,87 @@ from tfpar.errors import ConfigError
 
 DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 """Where NVIDIA's driver lists the host's GPUs, one folder each (read where nvidia-smi is
-missing)."""
+missing or fails)."""
 
 
 def visible_gpus(environ: Mapping[str, str],
                  which: Callable[[str], str | None] = shutil.which,
-                 driver_gpus: str = DRIVER_GPUS) -> list[str]:
+                 driver_gpus: str | None = None) -> list[str]:
     """The GPUs this process may use, as CUDA names them: ``CUDA_VISIBLE_DEVICES``'s entries
-    when it is set, else what ``nvidia-smi --list-gpus`` lists where it is installed (a GPU's
-    index, or its MIG instances' UUIDs), else one index per GPU the driver lists in
-    ``driver_gpus``, else none."""
+    when it is set, else what ``nvidia-smi --list-gpus`` lists where it is installed and
+    answers (a GPU's index, or its MIG instances' UUIDs), else one index per GPU the driver
+    lists in ``driver_gpus`` (default :data:`DRIVER_GPUS`), else none (see
+    :func:`gpu_listing`, which also says why where ``nvidia-smi`` failed).
+
+    Raises:
+        ConfigError: If ``CUDA_VISIBLE_DEVICES`` lists a GPU more than once.
+    """
+    return gpu_listing(environ, which, driver_gpus)[0]
+
+
+def gpu_listing(environ: Mapping[str, str],
+                which: Callable[[str], str | None] = shutil.which,
+                driver_gpus: str | None = None) -> tuple[list[str], str | None]:
+    """The GPUs this process may use (:func:`visible_gpus`), and a line where ``nvidia-smi``
+    is installed but failed (a driver that does not answer, a version mismatch), saying that
+    the driver's own list in ``driver_gpus`` was counted instead (``None`` otherwise).
+
+    Args:
+        environ: The process's environment (``CUDA_VISIBLE_DEVICES``).
+        which: Finds ``nvidia-smi``.
+        driver_gpus: Where the driver lists its GPUs (default :data:`DRIVER_GPUS`).
+
+    Returns:
+        The GPUs, as CUDA names them, and the line (or ``None``).
+
+    Raises:
+        ConfigError: If ``CUDA_VISIBLE_DEVICES`` lists a GPU more than once.
+    """
+    driver_gpus = DRIVER_GPUS if driver_gpus is None else driver_gpus
     visible = environ.get(protocol.VISIBLE_GPUS_ENV)
     if visible is not None:
         entries = [d.strip() for d in visible.split(",")]
         # CUDA stops at the first invalid entry ("-1" hides every GPU).
-        shown = []
+        shown: list[str] = []
         for entry in entries:
             if not entry or entry.startswith("-"):
                 break
+            if entry in shown:
+                raise ConfigError(
+                    f"{protocol.VISIBLE_GPUS_ENV} lists GPU {entry} more than once, so workers "
+                    f"would share it. List each GPU once. Received: "
+                    f"{protocol.VISIBLE_GPUS_ENV}={visible!r}.")
             shown.append(entry)
-        return shown
+        return shown, None
     program = which("nvidia-smi")
-    if program is None:
-        try:  # A slim image without nvidia-smi: the driver still lists its GPUs.
-            return [str(i) for i in range(len(os.listdir(driver_gpus)))]
-        except OSError:
-            return []
+    if program is None:  # A slim image without nvidia-smi: the driver still lists its GPUs.
+        return _driver_gpus(driver_gpus), None
     try:
-        listed = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
-                                timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []  # A driver that does not answer gives no GPU, as none would.
-    return listed_gpus(listed)
+        done = subprocess.run([program, "--list-gpus"], capture_output=True, text=True,
+                              timeout=30)
+    except subprocess.TimeoutExpired:
+        failure = "no answer within 30 s"
+    except (OSError, subprocess.SubprocessError) as e:
+        failure = getattr(e, "strerror", None) or str(e)
+    else:
+        if done.returncode == 0:
+            return listed_gpus(done.stdout), None
+        said = (done.stderr or done.stdout).strip().splitlines()
+        failure = f"exit status {done.returncode}" + (f": {said[0].strip()}" if said else "")
+    listed = _driver_gpus(driver_gpus)
+    if listed:
+        return listed, (f"nvidia-smi failed ({failure}); counting the GPUs the driver lists in "
+                        f"{driver_gpus} instead: {len(listed)}.")
+    return [], (f"nvidia-smi failed ({failure}), and the driver lists no GPU in {driver_gpus}: "
+                "no GPU is given.")
+
+
+def _driver_gpus(driver_gpus: str) -> list[str]:
+    """One index per GPU the driver lists (one folder each), in CUDA's default order."""
+    try:
+        return [str(i) for i in range(len(os.listdir(driver_gpus)))]
+    except OSError:
+        return []
 
 
 def listed_gpus(listing: str) -> list[str]:
@@ -109,8 +159,8 @@ def shares(gpus: Sequence[str], num_slots: int,
     if each == 0 or each * num_slots > len(gpus):
         raise ConfigError(
             f"{num_slots} workers of {each or 1} GPU each need {max(each, 1) * num_slots} GPUs; "
-            f"this host shows {len(gpus)} ({protocol.VISIBLE_GPUS_ENV} or nvidia-smi). Run "
-            f"fewer workers, or set {{argument}}=0 to run them on the CPU.",
+            f"this host shows {len(gpus)} ({protocol.VISIBLE_GPUS_ENV}, nvidia-smi or the "
+            f"driver's list). Run fewer workers, or set {{argument}}=0 to run them on the CPU.",
             argument="gpus_per_worker")
     given = {slot: ",".join(gpus[slot * each:(slot + 1) * each]) for slot in range(num_slots)}
     idle = gpus[each * num_slots:]

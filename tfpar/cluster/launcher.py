@@ -165,16 +165,18 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             Keras's ``BackupAndRestore`` write it), without one only restarts grow the job.
             The worker for whom a peer said it stopped answering is the one blamed.
         gpus: The host's GPUs as CUDA names them (``None``: ``CUDA_VISIBLE_DEVICES``, else
-            what ``nvidia-smi`` lists, else none). Each worker gets its own share through
-            ``CUDA_VISIBLE_DEVICES``.
+            what ``nvidia-smi`` lists, else, where it is missing or fails (said in one line),
+            what the driver lists in ``/proc/driver/nvidia/gpus``, else none). Each worker gets
+            its own share through ``CUDA_VISIBLE_DEVICES``.
         gpus_per_worker: GPUs per worker (``None``: the host's GPUs divided evenly among
             ``num_workers``; 0: none, the workers run on the CPU).
 
     Returns:
         0 if every worker succeeded; else the failing worker's exit status (or 128 + signal);
         130 after Ctrl-C to the launcher; after a notice to the launcher (at any moment from
-        its start to its end) the preempted status (:data:`tfpar.errors.ExitStatus.PREEMPTED`)
-        once every worker saved (or finished), else the worst status a worker ended with
+        its first import of tfpar to its end) the preempted status
+        (:data:`tfpar.errors.ExitStatus.PREEMPTED`) once every worker saved (or finished),
+        else the worst status a worker ended with
         (128 + 9 for one killed past the grace budget); the preempted status after a
         preemption it does not restart.
 
@@ -182,15 +184,16 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1,
             ``min_workers`` is not from 1 to ``num_workers``, ``host`` is not an address of
             this machine (or not loopback on a private network), a private network cannot be
-            made here, restarts (``max_restarts``, or an elastic job) are asked without
-            ``--model_dir`` in the command nor ``resumes_itself``, or the workers need more
-            GPUs than the host shows.
+            made here, ``CUDA_VISIBLE_DEVICES`` lists a GPU twice, restarts (``max_restarts``,
+            or an elastic job) are asked without ``--model_dir`` in the command nor
+            ``resumes_itself``, the workers need more GPUs than the host shows, or, under
+            ``--virtual_replicas``, their replicas do not divide it.
     """
-    # Signals are the launcher's from its first instant: a notice while it looks for GPUs
+    # Signals are the launcher's from here on: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
-    # A launcher program's notices (watched from its first instant: one before here ends it
-    # with the preempted status) are passed on to the workers from here.
+    # A launcher program's notices (watched from its first import of tfpar: one before here
+    # ends it with the preempted status) are passed on to the workers from here.
     handed_over = contextlib.ExitStack()
     handed_over.enter_context(preemption.NOTICE.handed_over())
     records = ""
@@ -199,16 +202,20 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
         minimum = num_workers if min_workers is None else min_workers
+        host_gpus, listing_note = ((list(gpus), None) if gpus is not None
+                                   else gpus_lib.gpu_listing(os.environ))
+        given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
+        # The replicas of a worker: its devices, which its command's flags or its GPU share
+        # give (checked before any worker starts).
         slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
-            command, minimum, num_workers, gpus_per_worker))
-        given, idle = gpus_lib.shares(
-            list(gpus) if gpus is not None else gpus_lib.visible_gpus(os.environ), num_workers,
-            gpus_per_worker)
+            command, minimum, num_workers, len([g for g in given.get(0, "").split(",") if g])))
         out = out or sys.stdout
         if worker_environment.legacy_keras_asked():
             out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
                       "TensorflowTrainer sets it) is not passed to the workers: tf.keras is "
                       "Keras 3 in them, as tfpar's strategies need.\n")
+        if listing_note:
+            out.write(f"launcher: {listing_note}\n")
         if idle:
             out.write(f"{idle}\n")
         grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
@@ -229,7 +236,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
                 result = _between_rounds(stop.signum, group)
             now = progress_of(protocol.ProgressRecord.read(progress))
             if now.after is None:  # Nothing recorded this round: where the last round ended.
-                now = Progress(known.after, known.after, known.folder)
+                now = Progress(known.after, known.after, known.folder, recorded=False)
             known = now
             decision = decide(result, now, state)
             if decision.line:
@@ -259,7 +266,7 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
 def progress_of(record: protocol.ProgressRecord | None) -> Progress:
     """A round's progress as its chief recorded it (none recorded: unknown)."""
     if record is None:
-        return Progress()
+        return Progress(recorded=False)
     return Progress(record.restored or (0, 0), record.latest, record.folder or None)
 
 
@@ -273,11 +280,47 @@ def _growth_due(slots: elastic.WorkerSlots, progress: str
     return lambda: growth_due(progress_of(protocol.ProgressRecord.read(progress)), slots)
 
 
+def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = None
+                       ) -> tuple[tuple[int, ...], str]:
+    """The devices (replicas) each worker of a tfpar training command trains on, as
+    ``tfpar-train`` picks them, and where that comes from in words.
+
+    The command's ``--devices`` (names), else its ``--num_devices`` (each device-set size it
+    lists: GPUs where there are enough, else logical CPU devices), else the GPUs the launcher
+    gives each worker (a worker trains on all of its share), else one.
+
+    Args:
+        command: The workers' command.
+        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
+
+    Returns:
+        The device counts (one per device set the command lists), and their origin
+        (``"--num_devices=2"``, ``"2 GPUs each"``, ``"one device each"``).
+    """
+    names = flag_of(command, "devices")
+    if names:
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        return (len(listed),), f"--devices={','.join(listed)}"
+    text = flag_of(command, "num_devices")
+    counts = tuple(int(n) for n in (text or "").split(",") if n.strip().isdigit() and int(n))
+    if counts:
+        return counts, f"--num_devices={text}"
+    if gpus_per_worker:
+        return (gpus_per_worker,), f"{gpus_per_worker} GPU{'s' * (gpus_per_worker != 1)} each"
+    return (1,), "one device each"
+
+
 def worker_counts(command: Sequence[str], minimum: int, maximum: int,
                   gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
     """The numbers of workers a command may run with: under ``--virtual_replicas=V`` (a
-    world-size-invariant job) those whose replicas (a worker's GPUs, else one) divide ``V``;
-    ``None`` (any) otherwise.
+    world-size-invariant job) those whose replicas (workers x each worker's devices,
+    :func:`devices_per_worker`) divide ``V``; ``None`` (any) otherwise.
+
+    Args:
+        command: The workers' command.
+        minimum: The fewest workers.
+        maximum: The most workers.
+        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
 
     Raises:
         ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
@@ -285,13 +328,17 @@ def worker_counts(command: Sequence[str], minimum: int, maximum: int,
     text = flag_of(command, "virtual_replicas")
     if not text or not text.strip().isdigit() or int(text) == 0:
         return None
-    virtual, per_worker = int(text), gpus_per_worker or 1
-    sizes = tuple(n for n in range(minimum, maximum + 1) if virtual % (n * per_worker) == 0)
+    virtual = int(text)
+    counts, origin = devices_per_worker(command, gpus_per_worker)
+    sizes = tuple(n for n in range(minimum, maximum + 1)
+                  if all(virtual % (n * each) == 0 for each in counts))
     if maximum not in sizes:
+        each = next(c for c in counts if virtual % (maximum * c))
         raise ConfigError(
             f"--virtual_replicas={virtual} needs a number of replicas that divides it; "
-            f"{maximum} workers of {per_worker} replica(s) are {maximum * per_worker}. Launch a "
-            f"number of workers whose replicas divide {virtual}.", argument="num_workers")
+            f"{maximum} workers of {each} device{'s' * (each != 1)} ({origin}) are "
+            f"{maximum * each} replicas. Launch a number of workers whose replicas divide "
+            f"{virtual}.", argument="num_workers")
     return sizes
 
 

@@ -125,6 +125,8 @@ class Notice:
         self._stopping = threading.Event()  # The process said why it stops; the budget is quiet.
         self._last_saved: str | None = None  # The last complete state, in words.
         self._last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
+        self._stop_position: tuple[int, int] | None = None  # Where the notice's state goes.
+        self._stop_saved = False  # That state is committed: a spent budget lost nothing.
         self._training = 0  # Training loops under way that will stop at a step boundary.
         # Each watch: the signals, budget and exit choice before it, and whether it subscribed.
         self._watches: list[tuple[tuple[signal.Signals, ...], float, bool, bool]] = []
@@ -165,6 +167,11 @@ class Notice:
             self._exit_process = exit_process
         self._grace_seconds = float(grace_seconds)
         self._signals = tuple(signal.Signals(s) for s in signals)
+        # Notices a program recorded from its first import of tfpar, before this watch.
+        for signum in signal_router.take_early(self._signals):
+            self._record(signum, None)
+        if self._recorded and not self._arrived.is_set():
+            self.arrive(self._recorded[0])
         return True
 
     def unwatch(self) -> None:
@@ -259,6 +266,17 @@ class Notice:
         ``(epochs finished, steps of the next epoch)``, for the line the grace budget prints
         if the process must end before the next save is done, and for its stop record."""
         self._last_saved, self._last_position = description, position
+        if position is not None and position == self._stop_position:
+            self._stop_saved = True
+
+    def stop_at(self, position: tuple[int, int]) -> None:
+        """Records the position the notice's state is saved at (the step the job agreed on),
+        ``(epochs finished, steps of the next epoch)``: once :meth:`saved` reports it, the
+        notice's state is committed, and a grace budget that runs out afterwards (while the
+        saver cleans up, or the process ends) lost nothing."""
+        self._stop_position = position
+        if position == self._last_position:
+            self._stop_saved = True
 
     def stop(self, message: str) -> Preempted:
         """Prints ``message`` (the process's one line), records the stop for a launcher
@@ -300,13 +318,21 @@ class Notice:
             self._recorded.clear()
             self._stopping.clear()
             self._name, self._arrived_at, self._last_saved = "", 0.0, None
-            self._last_position = None
+            self._last_position = self._stop_position = None
+            self._stop_saved = False
 
     def _end_when_budget_is_spent(self, generation: int) -> None:
         time.sleep(self.seconds_left())
         if generation != self._generation:  # Forgotten (reset) since.
             return
-        if not self._stopping.is_set():
+        if not self._stopping.is_set() and self._stop_saved:
+            line = (f"Preempted ({self._name}): the notice's state was saved "
+                    f"({self._last_saved}, where a rerun resumes); the "
+                    f"{self._grace_seconds:g} s grace budget ran out as the process ended, "
+                    "with nothing lost.")
+            print(line, file=sys.stderr, flush=True)
+            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self._last_position)
+        elif not self._stopping.is_set():
             saved = (f"{self._last_saved} is intact and is where a rerun resumes"
                      if self._last_saved else "nothing was saved before")
             line = (f"Preempted ({self._name}): the state could not be saved within the "

@@ -64,6 +64,9 @@ class RoundResult:
     the training since the last complete state is lost (its stop record says so)."""
     unresponsive: tuple[int, ...] = ()
     """The workers the failed one's stop record says stopped answering (ranks)."""
+    statuses: tuple[int, ...] = ()
+    """After a notice or a worker's preemption: every worker's normalised status, by rank
+    (empty: only :attr:`status` is known)."""
 
     @property
     def blamed(self) -> int:
@@ -83,6 +86,9 @@ class Progress:
     after: tuple[int, int] | None = None
     folder: str | None = None
     """Where that state is (``None``: the command's ``--model_dir``)."""
+    recorded: bool = True
+    """Whether the round's chief recorded it (so training had begun in this round); ``False``:
+    carried over from an earlier round, or none known."""
 
     @property
     def made(self) -> bool:
@@ -188,17 +194,9 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
     if result.outcome is Outcome.NOTICE:
-        where = (f"{position_words(progress.after)} in {folder}"
-                 if progress.after is not None and folder is not None else "")
-        if result.work_lost:
-            resumes = (f"a rerun resumes at {where}, and the training since is lost" if where
-                       else "the training since the last complete state is lost")
-            return exit_with(result.status, f"launcher: preempted; the workers exited with "
-                                            f"{result.status}, but the notice's state could "
-                                            f"not be saved within the grace budget: {resumes}.")
-        saved = f", the state saved at {where}" if where else ""
-        return exit_with(result.status, f"launcher: preempted; the workers exited with "
-                                        f"{result.status}{saved}.")
+        status = (notice_status(list(result.statuses), started=progress.recorded)
+                  if result.statuses else result.status)
+        return exit_with(status, _notice_line(result, status, progress, folder, slots))
     if progress.made:
         slots.settled()
     if result.outcome is Outcome.GROWING:
@@ -209,10 +207,15 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                  f"{'rejoins' if len(back) == 1 else 'rejoin'})")
     elif (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
           or not (max_restarts or slots.elastic)):
-        return exit_with(result.status)
+        return exit_with(result.status, _lost_notice_line(result, progress, folder, slots)
+                         if result.outcome is Outcome.PREEMPTED and result.work_lost else None)
     elif result.outcome is Outcome.PREEMPTED and (progress.before is None or progress.made):
-        which = ("the job was preempted after saving; starting every worker again (not counted "
-                 "as a failure)" + _rejoining(slots))
+        preempted = ("the job was preempted after saving" if not result.work_lost else
+                     f"the job was preempted, but {_who(result.rank, slots)} could not save the "
+                     "notice's state within the grace budget (the training since the last save "
+                     "is lost)")
+        which = (f"{preempted}; starting every worker again (not counted as a failure)"
+                 + _rejoining(slots))
     else:
         epochs_done = progress.after[0] if progress.after is not None else 0
         slot = slots.slot_of(result.blamed)
@@ -249,6 +252,60 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
         line = f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
     return Decision(Action.START, 0, line, dataclasses.replace(
         state, slots=slots, failures=failures, port_attempts=0))
+
+
+def _who(rank: int, slots: elastic.WorkerSlots) -> str:
+    return elastic.worker_words(rank, slots.running)
+
+
+def _where(progress: Progress, folder: str | None) -> str:
+    """Where the folder resumes, in words (empty where unknown, or nothing is saved)."""
+    if progress.after is None or progress.after == (0, 0) or folder is None:
+        return ""
+    return f"{position_words(progress.after)} in {folder}"
+
+
+def _lost_since(progress: Progress, folder: str | None) -> str:
+    """Where a rerun resumes and that the training since is lost, in words."""
+    where = _where(progress, folder)
+    if where:
+        return f"a rerun resumes at {where}, and the training since is lost"
+    if progress.after == (0, 0) and folder is not None:
+        return f"nothing was saved in {folder} yet, so a rerun starts from scratch"
+    return "the training since the last complete state is lost"
+
+
+def _lost_notice_line(result: RoundResult, progress: Progress, folder: str | None,
+                      slots: elastic.WorkerSlots) -> str:
+    """The last line after a worker's own notice whose save ran out of grace."""
+    return (f"launcher: preempted; {_who(result.rank, slots)} could not save the notice's "
+            f"state within the grace budget: {_lost_since(progress, folder)}.")
+
+
+def _notice_line(result: RoundResult, status: int, progress: Progress, folder: str | None,
+                 slots: elastic.WorkerSlots) -> str:
+    """The last line after a notice to the launcher, ending it with ``status``: the workers'
+    real statuses and where the folder resumes."""
+    where, lost = _where(progress, folder), _lost_since(progress, folder)
+    if result.work_lost:
+        return (f"launcher: preempted; the workers exited with {status}, but the notice's "
+                f"state could not be saved within the grace budget: {lost}.")
+    if status not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED):
+        why = {_KILLED_PAST_GRACE: "killed past the grace budget",
+               _ENDED_BY_THE_NOTICE: "ended by the notice's SIGTERM without saving: the "
+                                     "command does not save on a notice"}.get(status)
+        return (f"launcher: preempted; the workers exited with {status}"
+                + (f" ({why})" if why else "") + f": {lost}.")
+    saved = f", the state saved at {where}" if where else ""
+    starting = [rank for rank, s in enumerate(result.statuses) if s == _ENDED_BY_THE_NOTICE]
+    if not starting:
+        return f"launcher: preempted; the workers exited with {status}{saved}."
+    who = " and ".join(_who(rank, slots) for rank in starting)
+    they = "they" if len(starting) > 1 else "it"
+    return (f"launcher: preempted; exiting with {status}{saved}: {who} "
+            f"{'were' if len(starting) > 1 else 'was'} ended by the notice while starting (exit "
+            f"{_ENDED_BY_THE_NOTICE}), before {they} watched for notices, with nothing to "
+            "save.")
 
 
 def growth_due(progress: Progress, slots: elastic.WorkerSlots) -> str | None:
@@ -305,17 +362,27 @@ def _end_line(slots: elastic.WorkerSlots, slot: int, max_restarts: int, status: 
 
 
 # A worker the notice itself ended before it watched for notices (still starting): it had
-# nothing new to save, and the state saved before is intact.
+# nothing new to save, and the state saved before is intact. Once training began (the chief
+# recorded progress), the same status is a worker killed by the notice without saving.
 _ENDED_BY_THE_NOTICE = SIGNALLED + signal.SIGTERM
+_KILLED_PAST_GRACE = SIGNALLED + signal.SIGKILL
 
 
-def notice_status(statuses: list[int]) -> int:
+def notice_status(statuses: list[int], started: bool = False) -> int:
     """The job's status after a notice to the launcher, from the workers' normalised statuses:
-    the preempted status when every worker saved (or finished, or the notice ended it while it
-    was starting), the worst other one where a worker did neither (killed past the grace,
-    crashed), 0 only when every worker finished."""
-    others = [s for s in statuses
-              if s not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED, _ENDED_BY_THE_NOTICE)]
+    the preempted status when every worker saved (or finished, or, before training began, the
+    notice ended it while it was starting), the worst other one where a worker did neither
+    (killed past the grace, killed by the notice during training, crashed), 0 only when every
+    worker finished.
+
+    Args:
+        statuses: Each worker's normalised status.
+        started: Whether training had begun in the round (its chief recorded progress): a
+            worker the notice's SIGTERM ended then was killed without saving.
+    """
+    excused = (ExitStatus.SUCCESS, ExitStatus.PREEMPTED,
+               *(() if started else (_ENDED_BY_THE_NOTICE,)))
+    others = [s for s in statuses if s not in excused]
     if others:
         return max(others)
     if any(s != ExitStatus.SUCCESS for s in statuses):

@@ -10,6 +10,13 @@ calls as soon as the signal arrives, even while the main thread is blocked insid
 (Python's C-level handler writes each signal's number to the wakeup descriptor the router
 reads).
 
+tfpar's programs (``tfpar-train``, ``tfpar-launch``, ...) record a scheduler's notices from the
+moment ``import tfpar`` begins (:func:`record_early`, the first thing the package runs), before
+their heavy imports; the program's first watch for notices takes them over
+(:func:`take_early`). Only the interpreter's own start-up, before that import, ends a program
+on a notice without a word (143). A program of the user's that imports tfpar keeps its own
+signals.
+
 A subscription is installed for as long as its owner needs it (the launcher: from before its
 first worker starts until the last exited) and given back with :func:`unsubscribe`, which puts
 back the handlers found before it. Handlers can be set in the main thread only; elsewhere (a
@@ -21,13 +28,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 _arrived: list[int] = []  # Signals recorded by the handlers, not taken yet.
+_early: list[int] = []  # Notices recorded before the program watched for them.
+_early_replaced: dict[int, Any] = {}  # The handlers the early recording replaced.
+
+PROGRAMS = ("tfpar-train", "tfpar-launch", "tfpar-benchmark", "tfpar-env")
+"""tfpar's console programs, which record notices from their first import of tfpar."""
+_PROGRAM_MODULES = tuple(f"tfpar.cli.{name.split('-')[1]}" for name in PROGRAMS)
+_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's scripts/.
+EARLY_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+"""The notices recorded early: those every program watches until it reads its flags."""
 _listeners: list[Callable[[int], None]] = []
 _previous: list[dict[int, object]] = []  # Per subscription: the handlers it replaced.
 _reader: list[int] = []  # The wakeup descriptor's reading end, once the reader runs.
@@ -36,6 +54,70 @@ _reader: list[int] = []  # The wakeup descriptor's reading end, once the reader 
 def _record(signum, frame) -> None:
     """The handler: records the signal, nothing else."""
     _arrived.append(signum)
+
+
+def _record_early(signum, frame) -> None:
+    """The early handler: records the notice for the program's first watch, nothing else."""
+    _early.append(signum)
+
+
+def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
+    """Whether this process runs one of tfpar's programs: a console script of
+    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's ``scripts/X.py``.
+
+    Args:
+        argv: ``sys.argv``.
+        orig_argv: ``sys.orig_argv`` (the interpreter's own arguments, ``-m`` included).
+    """
+    options = iter(orig_argv[1:])  # The interpreter's options, up to its script or -m/-c.
+    for option in options:
+        if option == "-m":
+            return next(options, "") in _PROGRAM_MODULES
+        if option.startswith("-m"):
+            return option[2:] in _PROGRAM_MODULES
+        if option == "-c" or option.startswith("-c"):
+            return False
+        if option in ("-W", "-X", "--check-hash-based-pycs"):
+            next(options, None)  # Its value.
+        elif not option.startswith("-") or option == "-":
+            break  # The script: argv[0].
+    if not argv or not argv[0]:
+        return False
+    if os.path.basename(argv[0]) in PROGRAMS:
+        return True
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    scripts = {os.path.realpath(os.path.join(root, "scripts", name))
+               for name in _CHECKOUT_SCRIPTS}
+    return os.path.realpath(argv[0]) in scripts
+
+
+def record_early() -> bool:
+    """In one of tfpar's programs (:func:`is_program`), records the notices of
+    :data:`EARLY_SIGNALS` from now on (called first thing at ``import tfpar``), until the
+    program watches for them (:func:`take_early`). Elsewhere it does nothing.
+
+    Returns:
+        Whether the early recording was installed.
+    """
+    if (_early_replaced or not in_main_thread()
+            or not is_program(sys.argv, getattr(sys, "orig_argv", sys.argv))):
+        return False
+    _early_replaced.update(install({s: _record_early for s in EARLY_SIGNALS}))
+    return True
+
+
+def take_early(signals: Iterable[int]) -> list[int]:
+    """Ends the early recording of ``signals``, once the caller has set its own handlers for
+    them (:func:`subscribe`): where the early handler would be given back later, the handler
+    it replaced is; returns the notices of ``signals`` recorded early, oldest first."""
+    wanted = set(signals)
+    for saved in _previous:
+        for signum in wanted:
+            if saved.get(signum) is _record_early:
+                saved[signum] = _early_replaced.get(signum, signal.SIG_DFL)
+    taken = [s for s in _early if s in wanted]
+    _early[:] = [s for s in _early if s not in wanted]
+    return taken
 
 
 def in_main_thread() -> bool:

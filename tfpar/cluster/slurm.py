@@ -12,9 +12,11 @@ own it fails on the nodes most users have:
 
 :func:`resolver` keeps TensorFlow's resolver (its host list and task layout, and its GPU
 allocation where each task gets GPUs of its own) and gives it what it cannot find itself: the
-node's GPU count (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi`` where it is installed, else
-none), one slot per task where tasks get no GPUs of their own, and a first port derived from
-the job and step ids. No TensorFlow at import.
+node's GPU count (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi`` where it is installed and
+answers, else the driver's list in ``/proc/driver/nvidia/gpus``, else none), one slot per task
+where tasks get no GPUs of their own, and a first port derived from the job and step ids.
+:func:`pin_gpus` gives a task its share before CUDA starts, with or without
+``SLURM_LOCALID``. No TensorFlow at import.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
+
+from absl import logging
 
 from tfpar.cluster import gpus as gpus_lib
 from tfpar.cluster import protocol
@@ -135,10 +139,64 @@ def port_base(environ: Mapping[str, str], tasks_on_a_node: int) -> int:
     return PORT_LOW + ((job + (int(step) if step.isdigit() else 0) * stride) % blocks) * block
 
 
+def expand_hostlist(text: str) -> list[str]:
+    """Expands SLURM's host list (``"n[1-2],m5,o[03-04,6]"``: n1, n2, m5, o03, o04, o6), in
+    order, as TensorFlow's ``SlurmClusterResolver`` does.
+
+    Raises:
+        ClusterError: If ``text`` is not of that form.
+    """
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]*(?:\[[^\]]*\])?", text):
+        if not part:
+            continue
+        match = re.fullmatch(r"([^,\[\]]*)(?:\[([^\]]+)\])?", part)
+        if match is None or (not match.group(1) and not match.group(2)):
+            raise ClusterError(f"SLURM_STEP_NODELIST lists hosts as 'n[1-2],m5'. Received: "
+                               f"{text!r}.")
+        if match.group(2) is None:
+            hosts.append(match.group(1))
+            continue
+        for span in match.group(2).split(","):
+            low, _, high = span.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                raise ClusterError(f"SLURM_STEP_NODELIST lists hosts as 'n[1-2],m5'. "
+                                   f"Received: {text!r}.")
+            hosts += [match.group(1) + str(i).zfill(len(low))
+                      for i in range(int(low), int(high or low) + 1)]
+    return hosts
+
+
+def local_id(environ: Mapping[str, str]) -> int:
+    """This task's index among the step's tasks on its node: ``SLURM_LOCALID``, else where
+    TensorFlow's ``SlurmClusterResolver`` places ``SLURM_PROCID`` (the nodes of
+    ``SLURM_STEP_NODELIST`` sorted by name, each node's tasks in rank order), which is the
+    GPU share the resolver would give it.
+
+    Raises:
+        ClusterError: If the variables are missing or malformed, or the rank is outside the
+            step's tasks.
+        ValueError: If ``SLURM_LOCALID`` or ``SLURM_PROCID`` is not a number.
+    """
+    if "SLURM_LOCALID" in environ:
+        return int(environ["SLURM_LOCALID"])
+    rank = int(environ["SLURM_PROCID"])
+    hosts = expand_hostlist(environ["SLURM_STEP_NODELIST"])
+    counts = dict(zip(hosts, tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])))
+    first = 0
+    for _, count in sorted(counts.items()):
+        if rank < first + count:
+            return rank - first
+        first += count
+    raise ClusterError(f"SLURM_PROCID={rank} is not one of the step's {first} tasks "
+                       f"(SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']!r}).")
+
+
 def gpus_on_node(environ: Mapping[str, str],
                  which: Callable[[str], str | None] = shutil.which) -> int:
     """How many GPUs this node shows the task: ``CUDA_VISIBLE_DEVICES`` when set, else what
-    ``nvidia-smi --list-gpus`` lists where it is installed, else none."""
+    ``nvidia-smi --list-gpus`` lists where it is installed and answers, else what the driver
+    lists in ``/proc/driver/nvidia/gpus``, else none."""
     return len(gpus_lib.visible_gpus(environ, which))
 
 
@@ -146,8 +204,10 @@ def pin_gpus(environ: MutableMapping[str, str] | None = None,
              which: Callable[[str], str | None] = shutil.which) -> str | None:
     """Gives this task its own share of the node's GPUs through ``CUDA_VISIBLE_DEVICES``,
     before anything starts CUDA (which reads it once, at its start), where Slurm gave the task
-    none of its own: the node's GPUs (``nvidia-smi``) divided evenly among the step's tasks
-    on the node, by the task's local id, as TensorFlow's resolver would allocate them.
+    none of its own: the node's GPUs (:func:`tfpar.cluster.gpus.visible_gpus`: ``nvidia-smi``,
+    else the driver's list) divided evenly among the step's tasks on the node, by the task's
+    local id (:func:`local_id`, also without ``SLURM_LOCALID``), as TensorFlow's resolver would
+    allocate them.
 
     Args:
         environ: The task's environment (default: this process's), changed in place.
@@ -158,15 +218,17 @@ def pin_gpus(environ: MutableMapping[str, str] | None = None,
         or fewer GPUs on the node than tasks.
     """
     environ = os.environ if environ is None else environ
-    needed = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID")
+    needed = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_STEP_NODELIST")
     if protocol.VISIBLE_GPUS_ENV in environ or not all(name in environ for name in needed):
         return None
     try:
         per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
-        local = int(environ["SLURM_LOCALID"])
+        local = local_id(environ)
     except (ClusterError, ValueError):
         return None  # Said where the cluster is resolved.
-    node = gpus_lib.visible_gpus(environ, which)
+    node, note = gpus_lib.gpu_listing(environ, which)
+    if note:
+        logging.warning("%s", note)
     each = len(node) // per_node
     if each == 0 or not 0 <= local < per_node:
         return None

@@ -8,12 +8,14 @@ until the round ends (:meth:`WorkerGroup.run`), returning a
 
 - every worker exited 0: succeeded;
 - a worker exited with the preempted status: the others are left to finish saving (the grace
-  budget), preempted;
+  budget), preempted, with every worker's status and whether a stop record says the notice's
+  state could not be saved;
 - a worker failed: the others are stopped (SIGINT, then SIGKILL after a grace), failed, with
   the workers its stop record says stopped answering;
 - the launcher had a notice (SIGTERM, SIGUSR1; through :mod:`.signal_router`): it is passed to
   every worker as SIGTERM, they save and exit, and the status is what they ended with
-  (:func:`~tfpar.cluster.restart_policy.notice_status`);
+  (:func:`~tfpar.cluster.restart_policy.notice_status`, which the policy works out again
+  knowing whether training had begun), with every worker's status;
 - Ctrl-C to the launcher: every worker is stopped;
 - an elastic job's epoch boundary at which lost slots are tried again (``growth_due``, the
   restart policy's rule, says so): every worker is given a notice, and once they saved,
@@ -238,7 +240,13 @@ class WorkerGroup:
                     self.say(f"launcher: {self._who(rank)} stopped for a preemption notice "
                              f"(exit {code}); waiting for the others to save.")
                     wait(processes, self.grace)
-                    return RoundResult(Outcome.PREEMPTED, code, rank)
+                    # Whether its save ran out of grace, and how the others ended, are in
+                    # their records and statuses: the policy says what the round was.
+                    records = [protocol.StopRecord.read(path) for path in record_paths]
+                    return RoundResult(
+                        Outcome.PREEMPTED, code, rank,
+                        work_lost=any(r is not None and r.work_lost for r in records),
+                        statuses=tuple(protocol.normalized(p.returncode) for p in processes))
                 if code not in (None, 0):
                     stop(processes)
                     status = protocol.normalized(code)
@@ -278,7 +286,8 @@ class WorkerGroup:
         statuses = [protocol.normalized(p.returncode) for p in processes]
         records = [protocol.StopRecord.read(path) for path in record_paths]
         return RoundResult(Outcome.NOTICE, notice_status(statuses),
-                           work_lost=any(r is not None and r.work_lost for r in records))
+                           work_lost=any(r is not None and r.work_lost for r in records),
+                           statuses=tuple(statuses))
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -11,7 +11,11 @@ primitive.
 
 What tfpar does on an AVX2 CPU without those extensions, and why, is :data:`AVX2_CHOICE`.
 A ``TF_ENABLE_ONEDNN_OPTS`` or ``ONEDNN_MAX_CPU_ISA`` set by the user is never changed;
-``TFPAR_ONEDNN=tensorflow`` leaves TensorFlow's rule alone.
+``TFPAR_ONEDNN=tensorflow`` leaves TensorFlow's rule alone. tfpar's own settings, inherited from
+the process that started this one (:data:`SET_BY_TFPAR_ENV` names them), are chosen again for
+this CPU: taken away before TensorFlow starts where this kind's choice differs, reported with
+their origin where TensorFlow started first and they are in force. Once TensorFlow started,
+whether it runs oneDNN is read back from it (:func:`current`).
 
 No TensorFlow here: this runs at ``import tfpar``, before anything imports TensorFlow.
 """
@@ -25,6 +29,7 @@ import warnings
 from collections.abc import Mapping
 from collections.abc import MutableMapping
 
+from tfpar.compat import onednn_state
 from tfpar.host.machine import cpu_flags
 
 ENABLE_ENV = "TF_ENABLE_ONEDNN_OPTS"
@@ -63,6 +68,9 @@ class Choice:
     decided_by: str
     reason: str
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    """tfpar's own settings inherited from the process that started this one, chosen there
+    for another CPU kind, which tfpar takes away before TensorFlow starts (empty: none)."""
 
     def describe(self) -> str:
         """One line, e.g. ``on, capped at AVX (tfpar: ...)``."""
@@ -103,8 +111,9 @@ _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 
 
 def _parse_bool(value: str) -> bool | None:
-    """TensorFlow's reading of a boolean variable (``ReadBoolFromEnvVar``)."""
-    lowered = value.strip().lower()
+    """TensorFlow's reading of a boolean variable (``ReadBoolFromEnvVar``: lowercased, not
+    stripped, so ``" 0"`` is no value it reads and it keeps its default)."""
+    lowered = value.lower()
     return {"0": False, "false": False, "1": True, "true": True}.get(lowered)
 
 
@@ -121,11 +130,25 @@ def choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
 
     Args:
         flags: The CPU's flags (``/proc/cpuinfo``), ``None`` where unknown.
-        environ: The process's environment (the user's settings win).
+        environ: The process's environment (the user's settings win; tfpar's own, inherited
+            from the process that started this one, are chosen again for this CPU).
 
     Returns:
-        The choice; its ``environment`` is what to set before TensorFlow is imported.
+        The choice; its ``environment`` is what to set before TensorFlow is imported, its
+        ``unset`` the inherited settings of tfpar's to take away first.
     """
+    choice = _choose(flags, environ)
+    ours = _written_by_tfpar(environ)
+    stale = tuple(sorted(name for name in ours
+                         if choice.environment.get(name) != environ.get(name)))
+    if not stale:
+        return choice
+    if not choice.environment:  # Nothing of tfpar's stays: its marker goes too.
+        stale += (SET_BY_TFPAR_ENV,)
+    return dataclasses.replace(choice, unset=stale)
+
+
+def _choose(flags: set[str] | None, environ: Mapping[str, str]) -> Choice:
     ours = _written_by_tfpar(environ)
     cap = None if CAP_ENV in ours else environ.get(CAP_ENV) or None
     default = tensorflow_default(flags)
@@ -216,15 +239,36 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     environ = os.environ if environ is None else environ
     flags = cpu_flags()
     wanted = choose(flags, environ)
-    if not wanted.environment:
+    if not wanted.environment and not wanted.unset:
         actual = wanted
     elif tensorflow_started():  # TensorFlow read the environment as it was.
-        actual = choose(flags, {**environ, POLICY_ENV: "tensorflow"})
+        actual = _in_force(flags, environ, another_kind=bool(wanted.unset))
     else:
+        for name in wanted.unset:
+            environ.pop(name, None)
         environ.update(wanted.environment)
         actual = wanted
     _APPLIED.update(wanted=wanted, actual=actual)
     return actual
+
+
+def _in_force(flags: set[str] | None, environ: Mapping[str, str],
+              another_kind: bool) -> Choice:
+    """What TensorFlow runs where it started before tfpar could choose: the environment as it
+    was, tfpar's inherited settings included."""
+    ours = _written_by_tfpar(environ)
+    if ours:
+        enabled = (_parse_bool(environ[ENABLE_ENV]) if ENABLE_ENV in environ else None)
+        on = enabled if enabled is not None else bool(tensorflow_default(flags))
+        return Choice(on, environ.get(CAP_ENV) or None, "tfpar",
+                      f"inherited from the process that started this one "
+                      f"({SET_BY_TFPAR_ENV}={environ[SET_BY_TFPAR_ENV]!r}: tfpar's choice for "
+                      f"{'another' if another_kind else 'this'} CPU kind), in force since "
+                      "TensorFlow started before tfpar was imported")
+    rule = choose(flags, {**environ, POLICY_ENV: "tensorflow"})
+    return dataclasses.replace(rule, reason=(
+        "TensorFlow was imported before tfpar, so its own rule applies: "
+        f"{'on' if rule.on else 'off'} on this CPU"))
 
 
 def too_late() -> str | None:
@@ -235,10 +279,14 @@ def too_late() -> str | None:
         return None
     settings = " ".join(f"{k}={v}" for k, v in wanted.environment.items()
                         if k != SET_BY_TFPAR_ENV)
+    dropped = " ".join(name for name in wanted.unset
+                       if name != SET_BY_TFPAR_ENV and name not in wanted.environment)
+    start = " and ".join(part for part in (f"with {settings}" if settings else "",
+                                           f"without {dropped}" if dropped else "") if part)
     return (f"TensorFlow was imported before tfpar, too late for tfpar's oneDNN choice on this "
             f"CPU ({wanted.reason}): oneDNN is {actual.describe().split(' (')[0]} where tfpar "
             f"would have it {wanted.describe().split(' (')[0]}. Import tfpar before TensorFlow "
-            f"(and Keras), or start Python with {settings}.")
+            f"(and Keras), or start Python {start}.")
 
 
 _WARNED: list[bool] = []
@@ -253,5 +301,15 @@ def warn_if_too_late() -> None:
 
 
 def current() -> Choice:
-    """The choice in force in this process: what :func:`apply` found at ``import tfpar``."""
-    return _APPLIED.get("actual") or choose(cpu_flags(), os.environ)
+    """The choice in force in this process: what :func:`apply` found at ``import tfpar``, and
+    once TensorFlow started, whether it runs oneDNN as read back from it
+    (:func:`tfpar.compat.onednn_state.tensorflow_runs_onednn`, where it can be asked)."""
+    choice = _APPLIED.get("actual") or choose(cpu_flags(), os.environ)
+    running = onednn_state.tensorflow_runs_onednn() if tensorflow_started() else None
+    if running is None or running == choice.on:
+        return choice
+    said, expected = ("on" if running else "off"), ("on" if choice.on else "off")
+    return dataclasses.replace(
+        choice, on=running, decided_by="tensorflow",
+        reason=f"read back from TensorFlow, which runs it {said} where tfpar expected "
+               f"{expected}: {choice.reason}")
