@@ -3,6 +3,7 @@
 import contextlib
 import io
 import os
+import re
 from unittest import mock
 
 import keras
@@ -150,6 +151,33 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                     r"ckpt-1\.index and ckpt-1\.data-\*\) is not readable\..*"
                                     r"Received: \w+Error: "):
             checkpointing.EpochCheckpoint(directory, model, strategy).restore()
+
+    def test_an_index_tensorflow_ignores_is_refused_not_started_over(self):
+        # TensorFlow ignores an index it cannot parse, or whose checkpoint has no files, and
+        # finds no checkpoint: the run started over without a word.
+        for damage in ("cut", "checkpoint_files_gone"):
+            with self.subTest(damage):
+                directory, checkpoint = self.saved_once()
+                index = os.path.join(directory, "checkpoint")
+                if damage == "cut":
+                    with open(index, "r+b") as f:
+                        f.truncate(os.path.getsize(index) // 2)
+                    message = (f"The checkpoint index {index} is not readable. A restore reads "
+                               "a checkpoint as TensorFlow wrote it; start over (resume=False), "
+                               "or use another model_dir. Received: ")
+                else:
+                    os.remove(os.path.join(directory, "ckpt-1.index"))
+                    message = (f"The checkpoint {directory}/ckpt-1 that the index {index} names "
+                               "has no file ckpt-1.index.")
+                self.assertIsNone(checkpoint.latest)
+                with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(message)):
+                    checkpoint.restore()
+
+    def test_without_an_index_nothing_was_saved(self):
+        # As a kill before a first save's index leaves it: the run starts over.
+        directory, checkpoint = self.saved_once()
+        os.remove(os.path.join(directory, "checkpoint"))
+        self.assertEqual(checkpoint.restore(), 0)
 
     def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
         model_dir = self.get_temp_dir()

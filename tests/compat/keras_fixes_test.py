@@ -373,6 +373,17 @@ class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
                                     f"{received}"):
             restore()
 
+    def test_metadata_missing_beside_a_committed_generation_is_refused(self):
+        # Generation 2 is written after the metadata named generation 1: without the metadata,
+        # Keras started over without a word.
+        backup_dir, _, _, restore = self.backed_up_twice()
+        metadata = os.path.join(backup_dir, "training_metadata.json")
+        os.remove(metadata)
+        with self.assertRaisesRegex(DamagedStateError, re.escape(
+                f"The backup's file {metadata} is missing, beside the weights of a committed "
+                "save (generation-2.weights.h5).")):
+            restore()
+
     @parameterized.parameters("cut", "emptied")
     def test_damaged_metadata_is_one_error_naming_the_file(self, damage):
         # Before: Keras's json.loads raised JSONDecodeError, a traceback.

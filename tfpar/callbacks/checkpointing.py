@@ -189,6 +189,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         """
         latest = self.latest
         if latest is None:
+            self._check_no_index_ignored()
             if self._chief:
                 protocol.record_progress(self.directory, restored=(0, 0))
             return 0
@@ -225,6 +226,32 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if self._chief:
             protocol.record_progress(self.directory, restored=self.position)
         return epochs
+
+    def _check_no_index_ignored(self) -> None:
+        """Raises where TensorFlow found no checkpoint although its index is there: it ignores
+        an index it cannot parse, or whose checkpoint has no files, and a run would start over
+        without a word. (TensorFlow replaces the index whole, after the checkpoint's files.)
+
+        Raises:
+            DamagedStateError: Naming the index, or the checkpoint's missing file.
+        """
+        index = os.path.join(self.directory, protocol.CHECKPOINT_INDEX)
+        try:
+            with open(index, "rb") as f:
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return  # No index: nothing was saved (or a save was killed before its first).
+        named = protocol.latest_in_index(text)
+        allowed = ("A restore reads a checkpoint as TensorFlow wrote it; start over "
+                   "(resume=False), or use another model_dir.")
+        files = os.path.join(self.directory, f"{named}.index")
+        if named is None or os.path.exists(files):
+            raise DamagedStateError(f"The checkpoint index {index} is not readable. {allowed} "
+                                    f"Received: {len(text)} characters TensorFlow cannot "
+                                    "parse.")
+        raise DamagedStateError(f"The checkpoint {os.path.join(self.directory, named)} that "
+                                f"the index {index} names has no file {named}.index. {allowed} "
+                                f"Received: no such file {files}.")
 
     def _replica_copies_path(self, name: str) -> str:
         """The folder of checkpoint ``name``'s replicas' copies, a file per worker."""

@@ -244,6 +244,7 @@ def _committed_metadata(callback: Any) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             metadata = json.load(f)
     except FileNotFoundError:
+        _check_no_orphan_generation(callback)
         return {}
     except (OSError, ValueError) as e:
         raise _damaged(callback, path, "is not readable", f"{type(e).__name__}: {e}") from None
@@ -251,6 +252,22 @@ def _committed_metadata(callback: Any) -> dict[str, Any]:
         raise _damaged(callback, path, "is not a backup's metadata",
                        f"JSON of type {type(metadata).__name__}")
     return metadata
+
+
+def _check_no_orphan_generation(callback: Any) -> None:
+    """Raises where the metadata file is missing beside a generation's weights that only a
+    committed save leaves: generation N > 1 is written after the metadata named N - 1.
+
+    Raises:
+        DamagedStateError: Naming the metadata file.
+    """
+    later: list[str] = []
+    with contextlib.suppress(OSError):
+        later = sorted(name for name in os.listdir(callback.backup_dir)
+                       if (match := _GENERATION_FILE.match(name)) and int(match[1]) > 1)
+    if later:
+        raise _damaged(callback, callback._training_metadata_path, "is missing, beside the "
+                       f"weights of a committed save ({later[0]})", "no such file")
 
 
 def _damaged(callback: Any, path: str, problem: str, received: str) -> DamagedStateError:
