@@ -281,9 +281,9 @@ def _assign_per_replica(own: list[tuple[Any, np.ndarray]],
 
 _FILE = re.compile(r"^replicas-(\d+)-(\d+)-of-(\d+)\.npz$")
 
-#: What :func:`read` takes for ``files`` where the save recorded no list of its files (saves
-#: made before the list was recorded): the files found in the folder are read as they are.
 UNRECORDED: Any = object()
+"""What :func:`read` takes for ``files`` where the save recorded no list of its files (saves
+made before the list was recorded): the files found in the folder are read as they are."""
 
 #: A save's list of its files (see :func:`write_files`): JSON-ready, so a checkpoint holds it.
 FileList = dict[str, Any]
