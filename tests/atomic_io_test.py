@@ -118,6 +118,17 @@ class RecordingTest(tf.test.TestCase):
                           ("write", "a", b"a", False, "tensorflow"),
                           ("remove", "old", b"", True, "tensorflow")])
 
+    def test_writes_whose_times_tie_are_recorded_in_the_librarys_order(self):
+        folder = self.get_temp_dir()
+        with atomic_io.recording() as operations:
+            with atomic_io.external_writes(folder, "tensorflow",
+                                           order=lambda name: {"b": 0, "c": 1, "a": 2}[name]):
+                for name in ("a", "b", "c"):
+                    with open(os.path.join(folder, name), "w") as f:
+                        f.write(name)
+                    os.utime(os.path.join(folder, name), ns=(1, 1))  # One clock tick.
+        self.assertEqual([os.path.basename(o.path) for o in operations], ["b", "c", "a"])
+
     def test_nothing_is_recorded_outside_a_recording(self):
         folder = self.get_temp_dir()
         with atomic_io.recording() as operations:

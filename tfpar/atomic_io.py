@@ -171,12 +171,12 @@ def _snapshot(folder: str) -> dict[str, tuple[int, bytes]]:
 
 
 @contextlib.contextmanager
-def external_writes(folder: str, by: str, whole: Callable[[str], bool] = lambda name: False
-                    ) -> Iterator[None]:
+def external_writes(folder: str, by: str, whole: Callable[[str], bool] = lambda name: False,
+                    order: Callable[[str], int] = lambda name: 0) -> Iterator[None]:
     """Around a library's own writes to ``folder`` (TensorFlow's checkpoint files, Keras's
     backup files), which tfpar does not make one by one: inside :func:`recording`, what changed
     in ``folder`` is recorded as that library's operations, the files written in the order
-    they were (their modification times), then the files removed.
+    they were (their modification times, then ``order``), then the files removed.
 
     Args:
         folder: The folder the library writes in.
@@ -184,6 +184,9 @@ def external_writes(folder: str, by: str, whole: Callable[[str], bool] = lambda 
         whole: Whether the library writes the file of this name whole or not at all (renamed
             into place, as TensorFlow does its ``checkpoint`` index and data files); the
             others are written in place, and a kill can leave them partly written.
+        order: The rank of a file of this name in the order the library writes its files,
+            for files whose modification times tie (the kernel's clock ticks every few
+            milliseconds).
     """
     if not _recordings:
         yield
@@ -191,9 +194,10 @@ def external_writes(folder: str, by: str, whole: Callable[[str], bool] = lambda 
     before = _snapshot(folder)
     yield
     after = _snapshot(folder)
-    written = sorted((mtime, path) for path, (mtime, data) in after.items()
+    written = sorted((mtime, order(os.path.basename(path)), path)
+                     for path, (mtime, data) in after.items()
                      if before.get(path, (None, None))[1] != data)
-    for _, path in written:
+    for _, _, path in written:
         _record(Operation("write", path, data=after[path][1],
                           atomic=whole(os.path.basename(path)), by=by))
     for path in sorted(set(before) - set(after)):

@@ -341,10 +341,12 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.epochs_done.assign(epochs)
         self.steps_done.assign(steps)
         self._write_replica_copies(f"ckpt-{number}")
-        # TensorFlow renames its data files and the index ``checkpoint`` into place; it writes
-        # a checkpoint's ``.index`` file in place.
-        with atomic_io.external_writes(self._write_dir, "tensorflow",
-                                       whole=lambda name: not name.endswith(".index")):
+        # TensorFlow renames its data files into place, then writes the checkpoint's
+        # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
+        with atomic_io.external_writes(
+                self._write_dir, "tensorflow", whole=lambda name: not name.endswith(".index"),
+                order=lambda name: (2 if name == protocol.CHECKPOINT_INDEX
+                                    else 1 if name.endswith(".index") else 0)):
             path = self._manager.save(checkpoint_number=number)
         self._last_number = number
         if self._chief:

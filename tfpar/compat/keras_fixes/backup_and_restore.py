@@ -143,7 +143,8 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
             for name, path in kept.items():
                 setattr(callback, name, path.replace(kept["backup_dir"], scratch, 1))
         # Keras writes its weights file and metadata file in place.
-        with atomic_io.external_writes(scratch or callback.backup_dir, "keras"):
+        with atomic_io.external_writes(scratch or callback.backup_dir, "keras",
+                                       order=lambda name: int(not name.endswith(".h5"))):
             original(callback)
     finally:
         for name, path in kept.items():
