@@ -148,7 +148,9 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             model = testing.tiny_model()
         with self.assertRaisesRegex(DamagedStateError,
                                     f"The checkpoint {directory}/ckpt-1 \\(its files "
-                                    r"ckpt-1\.index and ckpt-1\.data-\*\) is not readable\..*"
+                                    r"ckpt-1\.index and ckpt-1\.data-\*\) cannot be "
+                                    r"restored: they are damaged, or hold another model's "
+                                    r"state\..*"
                                     r"Received: \w+Error: "):
             checkpointing.EpochCheckpoint(directory, model, strategy).restore()
 

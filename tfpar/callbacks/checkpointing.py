@@ -454,8 +454,9 @@ def _readable_checkpoint(prefix: str) -> Iterator[None]:
         detail = e.message if isinstance(e, tf.errors.OpError) else str(e)
         raise DamagedStateError(
             f"The checkpoint {prefix} (its files {os.path.basename(prefix)}.index and "
-            f"{os.path.basename(prefix)}.data-*) is not readable. A restore reads a checkpoint "
-            "as TensorFlow wrote it; start over (resume=False), or use another model_dir. "
+            f"{os.path.basename(prefix)}.data-*) cannot be restored: they are damaged, or hold "
+            "another model's state. A restore reads a checkpoint of this model as TensorFlow "
+            "wrote it; start over (resume=False), or use another model_dir. "
             f"Received: {type(e).__name__}: {' '.join(detail.split())[:300]}.") from None
 
 
