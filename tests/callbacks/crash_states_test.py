@@ -11,16 +11,20 @@ rebuilds in a fresh folder each state the save can leave:
   write that is not atomic, half done;
 - **each file the save leaves damaged**: cut to half, emptied, deleted, replaced by the file of
   the save before (another generation's), and, for a replicas' copies file, by one holding other
-  replicas' copies (another worker's).
+  replicas' copies (another worker's), or with a copies file the save did not write beside it.
 
-For each state it runs the restore in this process and holds it to one oracle: the restored state
-is bit for bit the state of a committed save (every variable of the model and the optimizer, each
-replica's copy apart, the position, a mid-epoch save's metrics), or the restore raises one
-:class:`~tfpar.errors.TfparError` whose one line names the damaged file (the programs exit 2 on
-it). A kill is never allowed an error: a restart must resume. Any other exception, or any other
-state, is a failure, listed with the state that gave it. The records the launcher reads (progress,
-stop) have a reader that never raises: it must give the old record, the new one, or (damaged)
-none.
+Every protocol's states are explored in the README's suite (about 150, in seconds); run with
+``-s`` to see each protocol's count.
+
+For each state it runs the restore in this process (and, for a checkpoint, the launcher's
+reader of its position, which must give a committed save's or none) and holds it to one oracle:
+the restored state is bit for bit the state of a committed save (every variable of the model and
+the optimizer, each replica's copy apart, the position, a mid-epoch save's metrics), or the
+restore raises one :class:`~tfpar.errors.TfparError` whose one line names the damaged file (the
+programs exit 2 on it). A kill is never allowed an error: a restart must resume. Any other
+exception, or any other state, is a failure, listed with the state that gave it. The records
+the launcher reads (progress, stop) have a reader that never raises: it must give the old
+record, the new one, or (damaged) none.
 
 A damaged file restores the last save, or is refused: restoring an earlier one silently would
 throw training away. One state is let through, and printed: TensorFlow's ``checkpoint`` index
@@ -392,6 +396,10 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
         self.assertTrue(any(o.path.endswith(".npz") for o in recorded.operations))
 
         def restore(folder: str) -> Committed:
+            # What the launcher reads of the state: a committed save's position, or none.
+            position = protocol.saved_position(os.path.join(folder, "model"))
+            if position not in [None, *(save.position for save in committed)]:
+                raise AssertionError(f"the launcher reads position {position}")
             set_state(model, initial)
             with mock.patch.dict(os.environ, {progress_record.PROGRESS_RECORD_ENV:
                                               os.path.join(folder, "progress.json")}):
