@@ -27,10 +27,13 @@ the launcher reads (progress, stop) have a reader that never raises: it must giv
 record, the new one, or (damaged) none.
 
 A damaged file restores the last save, or is refused: restoring an earlier one silently would
-throw training away. One state is let through, and printed: TensorFlow's ``checkpoint`` index
-deleted, where TensorFlow finds no checkpoint and the run starts over (the rerun still ends
-where the uninterrupted run ends). A kill before a first save's index leaves the same files
-less the first one's, from which starting over is right; tfpar cannot tell them apart.
+throw training away. The states let through are printed: the file that commits a save (the
+``checkpoint`` index, ``BackupAndRestore``'s metadata) replaced by the save before's restores
+that save, as a kill just before the commit does; TensorFlow's ``checkpoint`` index deleted,
+where TensorFlow finds no checkpoint and the run starts over (a kill before a first save's
+index leaves the same files less the first one's, from which starting over is right; tfpar
+cannot tell them apart); with ``double_checkpoint``, a damaged weights file resumes from the
+save before, said in a warning.
 """
 
 from __future__ import annotations
@@ -249,6 +252,9 @@ class State:
                 f"{self.cut} ({operation.by} {operation.kind} {what})")
 
 
+ROLLED_BACK = "replaced by the save before's"
+
+
 def states(recorded: Recorded, generation: Callable[[str], str | None]) -> list[State]:
     """Every state: a kill at each operation, and each file the save leaves damaged."""
     found = []
@@ -266,8 +272,7 @@ def states(recorded: Recorded, generation: Callable[[str], str | None]) -> list[
         before = generation(path)
         other = recorded.before.get(before if before is not None else path)
         if other is not None and other != content:
-            found.append(State(end, damage="replaced by the save before's", file=path,
-                               content=other))
+            found.append(State(end, damage=ROLLED_BACK, file=path, content=other))
         if path.endswith(".npz"):
             swapped = other_workers_copies(content)
             if swapped is not None:
@@ -316,7 +321,7 @@ class CrashStatesCase(testing.StrategyTestCase):
             with scratch_folder() as folder:
                 build(recorded, state, folder)
                 failure = self.judge(state, folder, committed, restore)
-            if failure.startswith("earlier ") and earlier_allowed(state):
+            if failure.startswith("earlier ") and state.damage and earlier_allowed(state):
                 earlier.append(f"{state.describe(recorded)}: {failure}")
             elif failure:
                 failures.append(f"{state.describe(recorded)}: {failure}")
@@ -343,12 +348,12 @@ class CrashStatesCase(testing.StrategyTestCase):
             return ""
         except Exception as e:  # noqa: BLE001 - any other exception fails the oracle.
             return f"{type(e).__name__}: {e}"
-        for save in committed:
+        for save in committed[::-1]:
             if restored == save:
-                # A kill restores the save or the one before; a damaged file may restore an
-                # earlier one.
-                return ("" if save in committed[-2:] or not state.damage
-                        else f"earlier position {save.position} restored silently")
+                # A kill restores the save or the one before (committed); a damaged file the
+                # save, unless the protocol allows an earlier one.
+                return ("" if save in committed[-1 if state.damage else -2:]
+                        else f"earlier position {save.position} restored")
         positions = [save.position for save in committed]
         same = [save for save in committed if save.position == restored.position]
         if not same:
@@ -419,7 +424,8 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
         self.explore("EpochCheckpoint " + ("inside an epoch" if inside_epoch else
                                            "at an epoch's end"),
                      recorded, committed, restore, generation,
-                     lambda state: state.file == "model/checkpoint" and state.damage == "deleted")
+                     lambda state: state.file == "model/checkpoint"
+                     and state.damage in ("deleted", ROLLED_BACK))
 
     def test_every_crash_state_of_the_save_at_an_epochs_end(self):
         self.run_protocol(inside_epoch=False)
@@ -443,6 +449,12 @@ class BackupAndRestoreCrashStatesTest(CrashStatesCase):
     """The ``BackupAndRestore`` fix's save (a generation, committed by its metadata's rename)."""
 
     def test_every_crash_state_of_a_backup(self):
+        self.run_protocol(double_checkpoint=False)
+
+    def test_every_crash_state_of_a_backup_that_keeps_the_one_before(self):
+        self.run_protocol(double_checkpoint=True)
+
+    def run_protocol(self, double_checkpoint: bool) -> None:
         root = self.get_temp_dir()
         backup = os.path.join(root, "backup")
         strategy = self.strategy("mirrored", 2)
@@ -467,7 +479,8 @@ class BackupAndRestoreCrashStatesTest(CrashStatesCase):
             if batch == 2:
                 stack.close()
 
-        callback = keras.callbacks.BackupAndRestore(backup, save_freq=1)
+        callback = keras.callbacks.BackupAndRestore(backup, save_freq=1,
+                                                    double_checkpoint=double_checkpoint)
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
                   callbacks=[Around(before), callback, Around(after)])
         (files, folders), operations = recording
@@ -478,7 +491,8 @@ class BackupAndRestoreCrashStatesTest(CrashStatesCase):
 
         def restore(folder: str) -> Committed:
             set_state(model, initial)
-            fresh = keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"))
+            fresh = keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"),
+                                                     double_checkpoint=double_checkpoint)
             fresh.set_model(model)
             model._initial_epoch = 0
             fresh.on_train_begin()
@@ -494,7 +508,13 @@ class BackupAndRestoreCrashStatesTest(CrashStatesCase):
             path = re.sub(r"generation-\d+", "generation-2", path)
             return re.sub(r"replica_copies/\d+", "replica_copies/2", path)
 
-        self.explore("BackupAndRestore", recorded, committed, restore, generation)
+        # With double_checkpoint, a damaged weights file resumes from the save before, said in
+        # a warning.
+        self.explore(f"BackupAndRestore{' (double_checkpoint)' * double_checkpoint}", recorded,
+                     committed, restore, generation,
+                     lambda state: (state.file == "backup/training_metadata.json"
+                                    and state.damage == ROLLED_BACK)
+                     or (double_checkpoint and state.file.endswith(".weights.h5")))
 
 
 class LauncherRecordsCrashStatesTest(CrashStatesCase):
