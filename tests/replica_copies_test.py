@@ -4,6 +4,7 @@ per replica, and their mean where the number of replicas changed."""
 import json
 import os
 import re
+from unittest import mock
 
 import keras
 import numpy as np
@@ -136,6 +137,22 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         self.assertEqual(raised.exception.exit_status, 2)
         with self.assertRaisesRegex(DamagedStateError, "saved with this state is missing"):
             replica_copies.read_mean(folder, written.files)  # On another number of replicas.
+
+    def test_every_worker_refuses_a_listed_file_missing_not_only_its_owner(self):
+        # Worker 1 of 2 lost its file: worker 0, which reads only its own, refuses too, so
+        # the job stops as one (not worker 0 training on while worker 1 exits).
+        _, folder, written = self.saved()
+        files = {"replicas": 4, "files": {
+            "replicas-00000-00001-of-00004.npz": {**written.files["files"][
+                "replicas-00000-00001-of-00002.npz"], "replica_ids": [0, 1]},
+            "replicas-00002-00003-of-00004.npz": {"replica_ids": [2, 3], "variables": {}}}}
+        os.rename(written.path, os.path.join(folder, "replicas-00000-00001-of-00004.npz"))
+        four = self.trained(4)
+        with mock.patch.object(replica_copies._Gatherer, "replica_ids", return_value=[0, 1]):
+            with self.assertRaisesRegex(DamagedStateError, re.escape(
+                    os.path.join(folder, "replicas-00002-00003-of-00004.npz")) +
+                    " saved with this state is missing"):
+                replica_copies.read(four, folder, files=files)
 
     def test_another_saves_file_in_place_of_a_listed_one_is_refused(self):
         _, folder, written = self.saved()

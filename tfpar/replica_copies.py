@@ -500,6 +500,12 @@ def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | Non
     layout, saved_total = _files(folder, files)
     if not layout:
         return False
+    if files is not UNRECORDED:
+        # Every worker sees a file missing, not only its owner: the job stops as one.
+        for name in sorted(layout):
+            if not os.path.exists(os.path.join(folder, name)):
+                raise _damaged(os.path.join(folder, name), "saved with this state is missing",
+                               "no such file")
     strategy = strategy or model.distribute_strategy
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     if replicas == saved_total:
