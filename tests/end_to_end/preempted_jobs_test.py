@@ -180,6 +180,28 @@ class ProcessPreemptionTest(PreemptionTestCase):
         self.assertSameValues(model_values(whole, "mirrored_2_devices"),
                               model_values(parts, "mirrored_2_devices"))
 
+    def test_a_rerun_missing_a_replicas_copies_file_exits_2_naming_it(self):
+        # ResNet's per-replica BatchNorm: the state saved inside epoch 1 has the replicas' own
+        # statistics in a file beside the checkpoint. Without it, the rerun exited 0 having
+        # resumed every replica from the first replica's statistics.
+        model_dir = self.get_temp_dir()
+        flags = ("--model=resnet18", "--epochs=1")
+        stopped = self.run_train(model_dir, *flags, signal_at=("step", 1, 1, "SIGTERM"))
+        self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
+        copies = os.path.join(model_dir, "mirrored_2_devices", "replica_copies")
+        (saved,) = os.listdir(copies)
+        (name,) = os.listdir(os.path.join(copies, saved))
+        path = os.path.join(copies, saved, name)
+        os.remove(path)
+        rerun = self.run_train(model_dir, *flags)
+        self.assertEqual(rerun.returncode, 2, rerun.stderr[-3000:])
+        self.assertEqual(rerun.stderr.strip().splitlines()[-1],
+                         f"Error: The replicas' copies file {path} saved with this state is "
+                         "missing. A restore reads each file its save wrote, as written; start "
+                         "over (resume=False), or use another model_dir. Received: no such "
+                         "file.")
+        self.assertNotIn("Traceback", rerun.stderr)
+
     def test_a_save_past_the_grace_budget_keeps_the_last_complete_state(self):
         model_dir = self.get_temp_dir()
         # The notice in epoch 2; every save from then on takes 30 s, past a 3 s budget.
