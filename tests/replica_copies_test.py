@@ -3,6 +3,8 @@ per replica, and their mean where the number of replicas changed."""
 
 import json
 import os
+import re
+from unittest import mock
 
 import keras
 import numpy as np
@@ -10,6 +12,7 @@ import tensorflow as tf
 
 from tfpar import replica_copies
 from tfpar import testing
+from tfpar.errors import DamagedStateError
 
 
 def batchnorm_model():
@@ -84,11 +87,124 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         folder = os.path.join(self.get_temp_dir(), "torn")
         row = {3: np.zeros((2, 3), np.float32)}
         replica_copies.write_own(folder, [0, 1], 4, row)  # Replicas 2 and 3 never wrote.
-        with self.assertRaisesRegex(ValueError, r"do not cover each replica once \("
+        with self.assertRaisesRegex(DamagedStateError, r"do not cover each replica once \("
                                     r"replicas-00000-00001-of-00004\.npz\)"):
             replica_copies.read(self.trained(2), folder)
         replica_copies.write_own(folder, [2, 3], 4, row)
         self.assertLen(replica_copies.read_own(folder, [2, 3])[3], 2)
+
+    def saved(self, replicas=2):
+        """A trained model, the folder its copies were written to and the save's file list."""
+        model = self.trained(replicas)
+        folder = os.path.join(self.get_temp_dir(), f"listed_{replicas}")
+        written = replica_copies.write_files(model, folder)
+        return model, folder, written
+
+    def test_the_save_lists_each_file_with_its_replicas_and_fingerprints(self):
+        model, folder, written = self.saved()
+        name = "replicas-00000-00001-of-00002.npz"
+        self.assertEqual(written.path, os.path.join(folder, name))
+        self.assertEqual(written.files["replicas"], 2)
+        self.assertEqual(list(written.files["files"]), [name])
+        entry = written.files["files"][name]
+        self.assertEqual(entry["replica_ids"], [0, 1])
+        copies = replica_copies.gather(model)
+        self.assertEqual(sorted(entry["variables"]), sorted(str(p) for p in copies))
+        for prints in entry["variables"].values():
+            self.assertLen(prints, 2)
+            self.assertNotEqual(prints[0], prints[1])  # Each replica's copy differed.
+        json.dumps(written.files)  # A checkpoint holds it as JSON.
+        # Held to the list, the file written reads back as it was.
+        fresh = self.trained(2)
+        self.assertTrue(replica_copies.read(fresh, folder, files=written.files))
+        for place in copies:
+            self.assertAllEqual(np.stack(own_copies(fresh.variables[place])), copies[place])
+        # A save that wrote nothing reads nothing, whatever the folder holds.
+        self.assertFalse(replica_copies.read(fresh, folder, files=None))
+
+    def test_a_listed_file_that_is_missing_is_refused_naming_it(self):
+        # Read as found, a missing file was no copies at all: every replica silently resumed
+        # from the first replica's copy.
+        _, folder, written = self.saved()
+        os.remove(written.path)
+        with self.assertRaises(DamagedStateError) as raised:
+            replica_copies.read(self.trained(2), folder, files=written.files)
+        self.assertEqual(str(raised.exception),
+                         f"The replicas' copies file {written.path} saved with this state is "
+                         "missing. A restore reads each file its save wrote, as written; start "
+                         "over (resume=False), or use another model_dir. Received: no such "
+                         "file.")
+        self.assertEqual(raised.exception.exit_status, 2)
+        with self.assertRaisesRegex(DamagedStateError, "saved with this state is missing"):
+            replica_copies.read_mean(folder, written.files)  # On another number of replicas.
+
+    def test_every_worker_refuses_a_listed_file_missing_not_only_its_owner(self):
+        # Worker 1 of 2 lost its file: worker 0, which reads only its own, refuses too, so
+        # the job stops as one (not worker 0 training on while worker 1 exits).
+        _, folder, written = self.saved()
+        files = {"replicas": 4, "files": {
+            "replicas-00000-00001-of-00004.npz": {**written.files["files"][
+                "replicas-00000-00001-of-00002.npz"], "replica_ids": [0, 1]},
+            "replicas-00002-00003-of-00004.npz": {"replica_ids": [2, 3], "variables": {}}}}
+        os.rename(written.path, os.path.join(folder, "replicas-00000-00001-of-00004.npz"))
+        four = self.trained(4)
+        with mock.patch.object(replica_copies._Gatherer, "replica_ids", return_value=[0, 1]):
+            with self.assertRaisesRegex(DamagedStateError, re.escape(
+                    os.path.join(folder, "replicas-00002-00003-of-00004.npz")) +
+                    " saved with this state is missing"):
+                replica_copies.read(four, folder, files=files)
+
+    def test_another_saves_file_in_place_of_a_listed_one_is_refused(self):
+        _, folder, written = self.saved()
+        other = self.trained(2)
+        (mean,) = [v for v in other.variables if v.path.endswith("moving_mean")]
+        for copy in mean.value.values:  # Another generation's statistics.
+            copy.assign(copy + 1.0)
+        replica_copies.write_files(other, folder)  # Over the listed file.
+        with self.assertRaisesRegex(DamagedStateError, re.escape(
+                f"The replicas' copies file {written.path} is not the one its save wrote: its "
+                "copies differ from those saved (another save's or another worker's file)")):
+            replica_copies.read(self.trained(2), folder, files=written.files)
+
+    def test_a_file_whose_replicas_are_not_those_of_its_name_is_refused(self):
+        folder = os.path.join(self.get_temp_dir(), "renamed")
+        row = {3: np.zeros((2, 3), np.float32)}
+        replica_copies.write_own(folder, [0, 1], 4, row)
+        replica_copies.write_own(folder, [2, 3], 4, row)
+        first, second = (os.path.join(folder, f"replicas-{a}-of-00004.npz")
+                         for a in ("00000-00001", "00002-00003"))
+        # Worker 1's file copied over worker 0's: it was read as replicas 0 and 1.
+        with open(second, "rb") as f, open(first, "wb") as g:
+            g.write(f.read())
+        with self.assertRaisesRegex(DamagedStateError, re.escape(
+                f"The replicas' copies file {first} holds the copies of other replicas than "
+                "its name says (0 to 1)") + ".*Received: replicas \\[2, 3\\]\\.$"):
+            replica_copies.read_own(folder, [0, 1])
+
+    def test_the_mean_refuses_files_that_hold_other_variables(self):
+        # One file without variable 5: the mean divided the other file's partial sum by 4.
+        folder = os.path.join(self.get_temp_dir(), "partial")
+        replica_copies.write_own(folder, [0, 1], 4, {3: np.ones((2, 3), np.float32),
+                                                      5: np.ones((2, 1), np.float32)})
+        replica_copies.write_own(folder, [2, 3], 4, {3: np.ones((2, 3), np.float32)})
+        with self.assertRaisesRegex(DamagedStateError, "holds other variables than the other "
+                                                       "files of its save"):
+            replica_copies.read_mean(folder)
+
+    def test_a_truncated_or_empty_file_is_refused_naming_it(self):
+        for damage, error in (("truncated", "BadZipFile"), ("emptied", "EOFError")):
+            with self.subTest(damage):
+                _, folder, written = self.saved()
+                with open(written.path, "rb") as f:
+                    data = f.read()
+                with open(written.path, "wb") as f:
+                    f.write(data[:len(data) // 2] if damage == "truncated" else b"")
+                for files in (written.files, replica_copies.UNRECORDED):
+                    with self.assertRaisesRegex(DamagedStateError, re.escape(
+                            f"The replicas' copies file {written.path} is not readable. A "
+                            "restore reads each file its save wrote, as written; start over "
+                            f"(resume=False), or use another model_dir. Received: {error}")):
+                        replica_copies.read(self.trained(2), folder, files=files)
 
     def test_the_mean_of_every_workers_file_is_summed_in_float64_in_replica_order(self):
         folder = os.path.join(self.get_temp_dir(), "mean")

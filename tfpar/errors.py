@@ -122,6 +122,12 @@ class PeerLostError(ClusterError):
         self.unresponsive = tuple(unresponsive)
 
 
+class DamagedStateError(ConfigError):
+    """A saved training state's file is missing, damaged, or not the one its save wrote (a
+    truncated or emptied file, another save's or another worker's): the message names the
+    file. Restoring refuses it rather than resume from something else than what was saved."""
+
+
 class StateNotSavedError(TfparError):
     """The training state of an epoch could not be written (a full disk, a quota, a folder
     that became read-only); the previously saved epoch is intact and is where a rerun

@@ -24,6 +24,13 @@ distributed checkpoint has each rank write its shard, and a restore on the same 
 replicas opens only the file of its own replicas. Nothing is gathered across workers but the
 fingerprints and one count of the workers that wrote.
 
+A save records which files it wrote: :func:`write_files` also returns their list (each file's
+name, its replicas and the fingerprints of each copy it holds, the same on every worker), which
+the saver keeps inside what commits the save (the checkpoint, ``BackupAndRestore``'s metadata);
+a restore given it (:func:`read`'s ``files``) reads exactly those files and refuses one that is
+missing, not readable or not the one written (:class:`~tfpar.errors.DamagedStateError`, naming
+the file), where reading the folder as found would resume silently from something else.
+
 Which variables differ is decided by comparing fingerprints (two hashes of each copy's raw
 bytes, so copies that differ in any bit differ) gathered from every replica: one small
 collective, so a frozen backbone's large non-trainable weights, equal everywhere, are never
@@ -33,10 +40,13 @@ gathered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import warnings
 import weakref
+import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +56,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfpar import atomic_io
+from tfpar.errors import DamagedStateError
 
 #: The copies of each differing variable, by the variable's place in ``model.variables`` (as
 #: Keras's own checkpoints match variables: two builds of one model may name layers apart): an
@@ -87,24 +98,45 @@ class _Gatherer:
         self._replica_ids: list[int] | None = None
         self._count: Any = None
 
-        tensors = [_components(v) for v in self.variables]
+        #: The fingerprints of every replica's copy at the last :meth:`differing`
+        #: ([replicas, variables, 2]) and each replica's worker's first and last replica id.
+        self.prints: np.ndarray | None = None
+        self.ranges: np.ndarray | None = None
+        self._fingerprints: Any = None
 
-        @tf.function
-        def fingerprints():
-            def replica_fingerprints():
-                # In a replica context, reading a mirrored variable gives this replica's copy.
-                prints = tf.stack([_fingerprint(tf.identity(t)) for t in tensors])
-                return tf.distribute.get_replica_context().all_gather(prints[None], axis=0)
+    def fingerprints(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every replica's fingerprints of each variable, and its worker's replica range, in
+        the order of the replicas' ids (a collective)."""
+        if self._fingerprints is None:
+            strategy = self.strategy
+            tensors = [_components(v) for v in self.variables]
+            ids = self.replica_ids()
+            own_range = tf.constant([[min(ids), max(ids)]], tf.int64)
 
-            return strategy.experimental_local_results(strategy.run(replica_fingerprints))[0]
+            @tf.function
+            def fingerprints():
+                def replica_fingerprints():
+                    # In a replica context, reading a mirrored variable gives this replica's
+                    # copy.
+                    prints = tf.stack([_fingerprint(tf.identity(t)) for t in tensors])
+                    context = tf.distribute.get_replica_context()
+                    return (context.all_gather(prints[None], axis=0),
+                            context.all_gather(own_range, axis=0))
 
-        self.fingerprints = fingerprints
+                prints, ranges = strategy.run(replica_fingerprints)
+                return (strategy.experimental_local_results(prints)[0],
+                        strategy.experimental_local_results(ranges)[0])
+
+            self._fingerprints = fingerprints
+        prints, ranges = self._fingerprints()
+        return prints.numpy(), ranges.numpy()
 
     def differing(self) -> list[int]:
         """Indices into ``variables`` of those whose copies differ between replicas."""
         if not self.variables:
             return []
-        prints = self.fingerprints().numpy()  # [replicas, variables, 2]
+        self.prints, self.ranges = self.fingerprints()
+        prints = self.prints  # [replicas, variables, 2]
         return [i for i in range(len(self.variables))
                 if not (prints[:, i] == prints[0, i]).all()]
 
@@ -249,9 +281,38 @@ def _assign_per_replica(own: list[tuple[Any, np.ndarray]],
 
 _FILE = re.compile(r"^replicas-(\d+)-(\d+)-of-(\d+)\.npz$")
 
+UNRECORDED: Any = object()
+"""What :func:`read` takes for ``files`` where the save recorded no list of its files (saves
+made before the list was recorded): the files found in the folder are read as they are."""
+
+#: A save's list of its files (see :func:`write_files`): JSON-ready, so a checkpoint holds it.
+FileList = dict[str, Any]
+
 
 def _file_name(first: int, last: int, total: int) -> str:
     return f"replicas-{first:05d}-{last:05d}-of-{total:05d}.npz"
+
+
+def _hex(prints: np.ndarray) -> str:
+    """A copy's two fingerprints as one hexadecimal string."""
+    return "".join(f"{int(value) & (2**64 - 1):016x}" for value in prints)
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What :func:`write_files` wrote.
+
+    Attributes:
+        path: The file this worker wrote (``None``: none was needed).
+        files: The list of every worker's file, the same on every worker (``None``: no file
+            was written, every replica's copy was the same): each file's name, its replicas'
+            ids and the fingerprints of each copy it holds. A restore given it
+            (:func:`read`'s ``files``) reads exactly these files and refuses any that is
+            missing or differs from what was written.
+    """
+
+    path: str | None
+    files: FileList | None
 
 
 def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | None = None
@@ -276,13 +337,31 @@ def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | No
     Raises:
         OSError: If this worker, or another, could not write its file.
     """
+    return write_files(model, folder, strategy).path
+
+
+def write_files(model: keras.Model, folder: str,
+                strategy: tf.distribute.Strategy | None = None) -> Written:
+    """:func:`write`, also returning the list of every worker's file, for the save to record.
+
+    Args:
+        model: A model built under ``strategy``.
+        folder: Where the files go (created if missing).
+        strategy: Its strategy (default: the model's ``distribute_strategy``).
+
+    Returns:
+        This worker's file and the list of every worker's (see :class:`Written`).
+
+    Raises:
+        OSError: If this worker, or another, could not write its file.
+    """
     strategy = strategy or model.distribute_strategy
     if strategy is None or strategy.num_replicas_in_sync == 1:
-        return None
+        return Written(None, None)
     gatherer = _gatherer(model, strategy)
     selection = gatherer.differing()
     if not selection:
-        return None
+        return Written(None, None)
     total = strategy.num_replicas_in_sync
     error: OSError | None = None
     path = None
@@ -301,7 +380,15 @@ def write(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | No
     if written < total:
         raise OSError(f"the workers of {total - written} of the {total} replicas could not "
                       f"write their copies to {folder}")
-    return path
+    assert gatherer.prints is not None and gatherer.ranges is not None
+    files: dict[str, Any] = {}
+    for first, last in sorted({(int(a), int(b)) for a, b in gatherer.ranges}):
+        files[_file_name(first, last, total)] = {
+            "replica_ids": list(range(first, last + 1)),
+            "variables": {str(gatherer.places[i][0]): [
+                _hex(gatherer.prints[replica, i]) for replica in range(first, last + 1)]
+                for i in selection}}
+    return Written(path, {"replicas": total, "files": files})
 
 
 def write_own(folder: str, replica_ids: list[int], total: int,
@@ -312,7 +399,7 @@ def write_own(folder: str, replica_ids: list[int], total: int,
     cost at a number of replicas this machine cannot run)."""
     arrays: dict[str, Any] = {"replica_ids": np.asarray(replica_ids, np.int64)}
     arrays.update({f"variable_{place}": value for place, value in copies.items()})
-    os.makedirs(folder, exist_ok=True)
+    atomic_io.make_dirs(folder)
     path = os.path.join(folder, _file_name(min(replica_ids), max(replica_ids), total))
     with atomic_io.atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -320,47 +407,73 @@ def write_own(folder: str, replica_ids: list[int], total: int,
     return path
 
 
-def read_own(folder: str, replica_ids: list[int]) -> Copies:
+def _damaged(path: str, problem: str, received: str) -> DamagedStateError:
+    return DamagedStateError(
+        f"The replicas' copies file {path} {problem}. A restore reads each file its save "
+        f"wrote, as written; start over (resume=False), or use another model_dir. "
+        f"Received: {received}.")
+
+
+def read_own(folder: str, replica_ids: list[int], files: FileList | None = UNRECORDED
+             ) -> Copies:
     """One worker's copies from ``folder``, read from the files of its replicas only: each
     variable's rows in the order of ``replica_ids``.
 
+    Args:
+        folder: The folder :func:`write` wrote.
+        replica_ids: This worker's replicas.
+        files: The save's list of its files (:attr:`Written.files`), which the files are held
+            to; :data:`UNRECORDED`: the files found are read.
+
     Raises:
-        ValueError: If the files do not cover every replica once, or are not readable.
+        DamagedStateError: If a file is missing, not readable, or not what was written (or,
+            unrecorded, the files do not cover every replica once).
     """
-    files, _ = _files(folder)
+    layout, _ = _files(folder, files)
     wanted = set(replica_ids)
-    own = [name for name, (first, last, _) in files.items()
+    own = [name for name, (first, last, _) in layout.items()
            if first <= max(wanted) and last >= min(wanted)]
-    return {place: np.stack([by_id[i] for i in replica_ids])
-            for place, by_id in _rows(folder, own, wanted).items()}
+    rows = _rows(folder, own, wanted, files)
+    return {place: np.stack([by_id[i] for i in replica_ids]) for place, by_id in rows.items()}
 
 
-def _files(folder: str) -> tuple[dict[str, tuple[int, int, int]], int]:
-    """The files of ``folder`` by name (their first and last replica, and of how many), and
-    the number of replicas that saved (0: none saved).
+def _files(folder: str, files: FileList | None = UNRECORDED
+           ) -> tuple[dict[str, tuple[int, int, int]], int]:
+    """The files of a save by name (their first and last replica, and of how many), and the
+    number of replicas that saved (0: none saved): those of ``files`` where the save listed
+    them, else those found in ``folder``.
 
     Raises:
-        ValueError: If the files do not cover every replica once.
+        DamagedStateError: If the files found do not cover every replica once.
     """
-    files = {}
+    if files is None:
+        return {}, 0
+    if files is not UNRECORDED:
+        layout = {name: (entry["replica_ids"][0], entry["replica_ids"][-1], files["replicas"])
+                  for name, entry in files["files"].items()}
+        return layout, int(files["replicas"])
+    layout = {}
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for name in os.listdir(folder):
             match = _FILE.match(name)
             if match:
                 first, last, total = (int(group) for group in match.groups())
-                files[name] = (first, last, total)
-    if not files:
-        return files, 0
-    totals = {total for _, _, total in files.values()}
-    covered = sorted(i for first, last, _ in files.values() for i in range(first, last + 1))
+                layout[name] = (first, last, total)
+    if not layout:
+        return layout, 0
+    totals = {total for _, _, total in layout.values()}
+    covered = sorted(i for first, last, _ in layout.values() for i in range(first, last + 1))
     if len(totals) != 1 or covered != list(range(next(iter(totals)))):
-        raise ValueError(f"The replicas' copies in {folder} do not cover each replica once "
-                         f"({', '.join(sorted(files))}).")
-    return files, totals.pop()
+        raise DamagedStateError(
+            f"The replicas' copies in {folder} do not cover each replica once "
+            f"({', '.join(sorted(layout))}). A restore needs one file for each worker of the "
+            "save; start over (resume=False), or use another model_dir. Received: "
+            f"{len(layout)} file(s) for {len(covered)} replica(s).")
+    return layout, totals.pop()
 
 
-def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | None = None
-         ) -> bool:
+def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | None = None,
+         files: FileList | None = UNRECORDED) -> bool:
     """Gives each replica its own copy of what :func:`write` saved in ``folder``.
 
     On the number of replicas that saved, each worker opens only the file of its own replicas;
@@ -371,25 +484,37 @@ def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | Non
         model: A model built under ``strategy``, its variables restored from the same save.
         folder: The folder :func:`write` wrote.
         strategy: Its strategy (default: the model's ``distribute_strategy``).
+        files: The save's list of its files (:attr:`Written.files`; ``None``: the save wrote
+            none, and ``folder`` is not read): each file read must be there, readable and as
+            written (its replicas and the fingerprints of its copies). :data:`UNRECORDED`
+            (saves made before the list was kept): the files found in ``folder`` are read.
 
     Returns:
         Whether copies were saved there (none: every replica's copy was the same).
 
     Raises:
-        ValueError: If the files do not cover every replica once, or do not fit the model.
+        DamagedStateError: If a file is missing, not readable, or not what was written (or,
+            unrecorded, the files do not cover every replica once).
+        ValueError: If the copies do not fit the model.
     """
-    files, saved_total = _files(folder)
-    if not files:
+    layout, saved_total = _files(folder, files)
+    if not layout:
         return False
+    if files is not UNRECORDED:
+        # Every worker sees a file missing, not only its owner: the job stops as one.
+        for name in sorted(layout):
+            if not os.path.exists(os.path.join(folder, name)):
+                raise _damaged(os.path.join(folder, name), "saved with this state is missing",
+                               "no such file")
     strategy = strategy or model.distribute_strategy
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     if replicas == saved_total:
         ids = _gatherer(model, strategy).replica_ids()
-        copies = read_own(folder, ids)
+        copies = read_own(folder, ids, files)
         _check_fit(model, copies)
         _assign_own(model, copies, strategy)
         return True
-    means = read_mean(folder)
+    means = read_mean(folder, files)
     logging.info("The replicas' own copies in %s were saved by %d replicas; each of the %d "
                  "replicas now starts from their mean.", folder, saved_total, replicas)
     _check_fit(model, means)
@@ -399,16 +524,21 @@ def read(model: keras.Model, folder: str, strategy: tf.distribute.Strategy | Non
     return True
 
 
-def read_mean(folder: str) -> Copies:
+def read_mean(folder: str, files: FileList | None = UNRECORDED) -> Copies:
     """The mean of every replica's saved copy of each variable in ``folder``, summed in float64
     in the replicas' order (the same on every worker), one row each: what each replica of
     another number of replicas starts from (an elastic job that shrank or grew).
 
+    Args:
+        folder: The folder :func:`write` wrote.
+        files: The save's list of its files, as :func:`read` takes it.
+
     Raises:
-        ValueError: If the files do not cover every replica once, or are not readable.
+        DamagedStateError: If a file is missing, not readable, or not what was written (or,
+            unrecorded, the files do not cover every replica once, or hold other variables).
     """
-    files, saved_total = _files(folder)
-    rows = _rows(folder, sorted(files, key=lambda name: files[name][0]), None)
+    layout, saved_total = _files(folder, files)
+    rows = _rows(folder, sorted(layout, key=lambda name: layout[name][0]), None, files)
     means = {}
     for place, by_id in rows.items():
         total = np.zeros(next(iter(by_id.values())).shape, np.float64)
@@ -418,25 +548,76 @@ def read_mean(folder: str) -> Copies:
     return means
 
 
-def _rows(folder: str, names: list[str], ids: set[int] | None) -> dict[int, dict[int, np.ndarray]]:
+# What loading a damaged file raises: truncated (BadZipFile), empty (EOFError), not NumPy's
+# (ValueError), a member missing (KeyError), a member cut short (ValueError, zlib.error).
+_UNREADABLE = (OSError, EOFError, LookupError, ValueError, TypeError, zipfile.BadZipFile,
+               zlib.error)
+
+
+def _load(path: str) -> tuple[list[int], dict[int, np.ndarray]]:
+    """A file's replica ids and its copies by the variable's place.
+
+    Raises:
+        DamagedStateError: If it is missing or not readable.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            replica_ids = [int(i) for i in data["replica_ids"]]
+            copies = {int(key[len("variable_"):]): data[key] for key in data.files
+                      if key.startswith("variable_")}
+    except FileNotFoundError:
+        raise _damaged(path, "saved with this state is missing", "no such file") from None
+    except _UNREADABLE as e:
+        raise _damaged(path, "is not readable", f"{type(e).__name__}: {e}") from None
+    return replica_ids, copies
+
+
+def _rows(folder: str, names: list[str], ids: set[int] | None,
+          files: FileList | None = UNRECORDED) -> dict[int, dict[int, np.ndarray]]:
     """Each saved variable's copies in the files ``names``, by place and replica id (only the
-    replicas in ``ids``, or all)."""
+    replicas in ``ids``, or all), each file held to the save's list where there is one."""
     rows: dict[int, dict[int, np.ndarray]] = {}
+    places: set[int] | None = None
     for name in names:
-        try:
-            with np.load(os.path.join(folder, name), allow_pickle=False) as data:
-                replica_ids = [int(i) for i in data["replica_ids"]]
-                for key in data.files:
-                    if not key.startswith("variable_"):
-                        continue
-                    copies = data[key]
-                    for row, replica in enumerate(replica_ids):
-                        if ids is None or replica in ids:
-                            rows.setdefault(int(key[len("variable_"):]), {})[replica] = copies[row]
-        except (OSError, KeyError, ValueError) as e:
-            raise ValueError(f"The replicas' copies in {os.path.join(folder, name)} are not "
-                             f"readable ({type(e).__name__}: {e}).") from None
+        path = os.path.join(folder, name)
+        replica_ids, copies = _load(path)
+        first, last = (int(group) for group in name[len("replicas-"):].split("-")[:2])
+        if replica_ids != list(range(first, last + 1)):
+            raise _damaged(path, f"holds the copies of other replicas than its name says "
+                           f"({first} to {last})", f"replicas {replica_ids}")
+        for place, value in copies.items():
+            if value.shape[:1] != (len(replica_ids),):
+                raise _damaged(path, f"holds {value.shape[:1]} rows of variable {place} for "
+                               f"{len(replica_ids)} replicas", f"shape {value.shape}")
+        if files is not UNRECORDED and files is not None:
+            listed = files["files"][name]["variables"]
+            if sorted(copies) != sorted(int(place) for place in listed):
+                raise _damaged(path, "is not the one its save wrote: it holds other variables",
+                               f"variables {sorted(copies)}, saved "
+                               f"{sorted(int(place) for place in listed)}")
+            for place, value in copies.items():
+                found = [_hex(p) for p in _fingerprints_of(value)]
+                if found != listed[str(place)]:
+                    raise _damaged(path, "is not the one its save wrote: its copies differ "
+                                   "from those saved (another save's or another worker's "
+                                   "file)", f"the copies of variable {place} with other "
+                                   "fingerprints")
+        elif places is None:
+            places = set(copies)
+        elif places != set(copies):
+            raise _damaged(path, "holds other variables than the other files of its save",
+                           f"variables {sorted(copies)}, others {sorted(places)}")
+        for place, value in copies.items():
+            for row, replica in enumerate(replica_ids):
+                if ids is None or replica in ids:
+                    rows.setdefault(place, {})[replica] = value[row]
     return rows
+
+
+def _fingerprints_of(rows: np.ndarray) -> np.ndarray:
+    """The fingerprints of each row (one replica's copy) of a file's variable, as
+    :func:`write_files` recorded them."""
+    return np.stack([_fingerprint(tf.constant(row)).numpy() for row in rows])
 
 
 def _check_fit(model: keras.Model, copies: Mapping[int, np.ndarray]) -> None:

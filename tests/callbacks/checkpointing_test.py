@@ -1,16 +1,31 @@
 """Tests of EpochCheckpoint: what it refuses to save and to read (resume: end_to_end)."""
 
+import contextlib
+import io
 import os
+import re
 from unittest import mock
 
+import keras
+import numpy as np
 import tensorflow as tf
 
 from tfpar import testing
 from tfpar.callbacks import checkpointing
+from tfpar.cli import common
 from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
+from tfpar.errors import DamagedStateError
 from tfpar.errors import PeerLostError
 from tfpar.errors import StateNotSavedError
+
+
+def batchnorm_model() -> keras.Model:
+    """A model whose replicas' BatchNorm statistics drift apart (saved beside the checkpoint)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization(momentum=0.5)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
 
 
 class EpochCheckpointTest(testing.StrategyTestCase):
@@ -106,6 +121,99 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                   lambda: seen.extend(notice.saved.call_args_list)):
             checkpoint.save_inside_epoch(1, 3)
         self.assertEqual(seen, [mock.call(f"epoch 2 step 3 in {directory}", (1, 3))])
+
+    def saved_with_copies(self):
+        """A folder where a model of 2 replicas with BatchNorm saved epoch 1, the checkpoint's
+        replicas' copies file, and a fresh checkpoint of the same build to restore it into."""
+        directory = self.get_temp_dir()
+        strategy = self.strategy("mirrored", 2)
+        x = np.random.default_rng(0).random((8, 4), dtype=np.float32)
+
+        def build():
+            with strategy.scope():
+                model = batchnorm_model()
+            model.fit(x, np.ones((8, 3), np.float32), batch_size=8, shuffle=False, verbose=0)
+            checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
+            checkpoint.set_model(model)
+            return model, checkpoint
+
+        model, checkpoint = build()
+        checkpoint.on_epoch_end(0, {"loss": 1.0})
+        (written,) = checkpoint.written_by_this_worker
+        self.assertEqual(written, "replica_copies/ckpt-1/replicas-00000-00001-of-00002.npz")
+        return directory, os.path.join(directory, written), build()[1]
+
+    def test_the_checkpoint_lists_its_copies_files_and_a_missing_one_exits_2_naming_it(self):
+        # Before, a missing file was taken as "every replica's copy was the same": the run
+        # resumed every replica from the first replica's copy and said nothing.
+        directory, path, fresh = self.saved_with_copies()
+        self.assertEqual(fresh.restore(), 1)  # Whole, it restores.
+        os.remove(path)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as exit_:
+            common.exit_cleanly(lambda argv: fresh.restore())([])
+        self.assertEqual(exit_.exception.code, 2)
+        self.assertEqual(stderr.getvalue(),
+                         f"Error: The replicas' copies file {path} saved with this state is "
+                         "missing. A restore reads each file its save wrote, as written; start "
+                         "over (resume=False), or use another model_dir. Received: no such "
+                         "file.\n")
+
+    def test_a_damaged_copies_file_is_one_error_naming_it(self):
+        for damage, error in (("truncated", "BadZipFile"), ("emptied", "EOFError")):
+            with self.subTest(damage):
+                _, path, fresh = self.saved_with_copies()
+                with open(path, "rb") as f:
+                    data = f.read()
+                with open(path, "wb") as f:
+                    f.write(data[:len(data) // 2] if damage == "truncated" else b"")
+                with self.assertRaisesRegex(DamagedStateError,
+                                            f"copies file {path} is not readable.*Received: "
+                                            f"{error}"):
+                    fresh.restore()
+
+    def test_a_damaged_checkpoint_file_is_one_error_naming_it(self):
+        directory, _ = self.saved_once()
+        data = tf.train.latest_checkpoint(directory) + ".data-00000-of-00001"
+        with open(data, "r+b") as f:
+            f.truncate(os.path.getsize(data) // 2)
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"The checkpoint {directory}/ckpt-1 \\(its files "
+                                    r"ckpt-1\.index and ckpt-1\.data-\*\) cannot be "
+                                    r"restored: they are damaged, or hold another model's "
+                                    r"state\..*"
+                                    r"Received: \w+Error: "):
+            checkpointing.EpochCheckpoint(directory, model, strategy).restore()
+
+    def test_an_index_tensorflow_ignores_is_refused_not_started_over(self):
+        # TensorFlow ignores an index it cannot parse, or whose checkpoint has no files, and
+        # finds no checkpoint: the run started over without a word.
+        for damage in ("cut", "checkpoint_files_gone"):
+            with self.subTest(damage):
+                directory, checkpoint = self.saved_once()
+                index = os.path.join(directory, "checkpoint")
+                if damage == "cut":
+                    with open(index, "r+b") as f:
+                        f.truncate(os.path.getsize(index) // 2)
+                    message = (f"The checkpoint index {index} is not readable. A restore reads "
+                               "a checkpoint as TensorFlow wrote it; start over (resume=False), "
+                               "or use another model_dir. Received: ")
+                else:
+                    os.remove(os.path.join(directory, "ckpt-1.index"))
+                    message = (f"The checkpoint {directory}/ckpt-1 that the index {index} names "
+                               "has no file ckpt-1.index.")
+                self.assertIsNone(checkpoint.latest)
+                with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(message)):
+                    checkpoint.restore()
+
+    def test_without_an_index_nothing_was_saved(self):
+        # As a kill before a first save's index leaves it: the run starts over.
+        directory, checkpoint = self.saved_once()
+        os.remove(os.path.join(directory, "checkpoint"))
+        self.assertEqual(checkpoint.restore(), 0)
 
     def test_an_unreadable_checkpoint_index_is_a_clear_error(self):
         model_dir = self.get_temp_dir()

@@ -4,6 +4,7 @@ resumes at the next step with the weights, metrics and history of an uninterrupt
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 from unittest import mock
 
@@ -268,6 +269,21 @@ class UsersFitTest(testing.StrategyTestCase):
         # Epochs 2 and 3, the second's loss over all its steps (the first from the backup).
         self.assertAllClose(whole_history.history["loss"][1:], history.history["loss"],
                             rtol=1e-5)
+
+
+class GraceBudgetTest(tf.test.TestCase, parameterized.TestCase):
+
+    @parameterized.parameters(float("inf"), float("nan"), 1e10, 86400.5, 0, -1)
+    def test_a_budget_the_waits_cannot_hold_is_refused_up_front(self, seconds):
+        # inf and 1e10 passed the check, then overflowed the first wait on the budget.
+        with self.assertRaisesRegex(tfpar.errors.ConfigError,
+                                    r"^preemption_grace_seconds must be a finite number of "
+                                    r"seconds > 0 and at most 86400 \(a day\)\. Received: "
+                                    f"{re.escape(repr(seconds))}\\.$"):
+            SaveOnPreemption(grace_seconds=seconds)
+
+    def test_a_day_is_accepted(self):
+        self.assertEqual(SaveOnPreemption(grace_seconds=86400).grace_seconds, 86400)
 
 
 if __name__ == "__main__":

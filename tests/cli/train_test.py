@@ -114,6 +114,15 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          r"--heartbeat_timeout does not apply to strategy 'mirrored'"),
         ("sync_batchnorm_without_batchnorm", ["--model=lenet", "--sync_batchnorm"],
          r"--sync_batchnorm needs a model with BatchNorm layers; --model=lenet has none"),
+        # Past what the clocks and timers waiting on the budget hold (an OverflowError later).
+        ("infinite_grace", ["--preemption_grace_seconds=inf"],
+         r"--preemption_grace_seconds must be a finite number of seconds > 0 and at most 86400 "
+         r"\(a day\)\. Received: inf\.$"),
+        ("absurd_grace", ["--preemption_grace_seconds=1e10"],
+         r"--preemption_grace_seconds must be a finite number of seconds > 0 and at most 86400 "
+         r"\(a day\)\. Received: 10000000000\.0\.$"),
+        ("nan_grace", ["--preemption_grace_seconds=nan"],
+         r"--preemption_grace_seconds must be a finite number .* Received: nan\.$"),
     )
     def test_bad_input_exits_with_one_clear_line(self, flags, message):
         # In-process (a subprocess per case would cost a TensorFlow start each); the

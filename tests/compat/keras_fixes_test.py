@@ -23,6 +23,7 @@ from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes import fix
 from tfpar.compat.keras_fixes import scalar_logs
+from tfpar.errors import DamagedStateError
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster",
                       "multi_worker_worker.py")
@@ -302,6 +303,98 @@ class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
             self.assertFalse(os.path.exists(os.path.dirname(model.saved_to[0])))
         callback.on_train_end()
         self.assertEqual(os.path.exists(backup_dir), fixed)
+
+
+    def backed_up_twice(self):
+        """A backup folder after two saves (generations 1 and 2; 1 is removed at 2's commit),
+        the weights of generation 1, and a restore into a fresh model of the same build."""
+        backup_dir = self.new_dir()
+
+        def model_and_callback():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            callback = keras.callbacks.BackupAndRestore(backup_dir, save_freq=1,
+                                                        delete_checkpoint=False)
+            callback.set_model(model)
+            return model, callback
+
+        model, callback = model_and_callback()
+        callback.set_params({"steps": 4, "epochs": 1})
+        callback.on_epoch_begin(0)
+        callback.on_train_batch_end(0)
+        with open(os.path.join(backup_dir, "generation-1.weights.h5"), "rb") as f:
+            first = f.read()
+        model.layers[0].kernel.assign(model.layers[0].kernel + 1.0)
+        callback.on_train_batch_end(1)
+
+        def restore():
+            fresh, fresh_callback = model_and_callback()
+            fresh_callback.on_train_begin()
+            return fresh
+
+        return backup_dir, first, model, restore
+
+    def test_a_backup_restores_the_weights_its_metadata_names(self):
+        _, _, model, restore = self.backed_up_twice()
+        self.assertAllEqual(restore().layers[0].kernel, model.layers[0].kernel)
+
+    def test_the_weights_of_another_generation_are_refused_naming_the_file(self):
+        # Before, generation 1's weights under generation 2's name were loaded silently.
+        backup_dir, first, _, restore = self.backed_up_twice()
+        weights = os.path.join(backup_dir, "generation-2.weights.h5")
+        with open(weights, "wb") as f:
+            f.write(first)
+        with self.assertRaisesRegex(DamagedStateError, re.escape(
+                f"The backup's file {weights} that {backup_dir}/training_metadata.json names is "
+                "not the one its save wrote (another save's, or changed since).")):
+            restore()
+
+    @parameterized.parameters(("cut", "OSError"), ("emptied", "OSError"),
+                              ("deleted", "no such file"))
+    def test_damaged_weights_are_one_error_naming_the_file(self, damage, received):
+        # Before: h5py's OSError, a traceback.
+        backup_dir, _, _, restore = self.backed_up_twice()
+        weights = os.path.join(backup_dir, "generation-2.weights.h5")
+        metadata = os.path.join(backup_dir, "training_metadata.json")
+        if damage == "deleted":
+            os.remove(weights)
+        else:
+            with open(weights, "r+b") as f:
+                f.truncate(os.path.getsize(weights) // 2 if damage == "cut" else 0)
+            # Held to its digest, a damaged file is refused before h5py opens it; without
+            # one (a save of an earlier version), h5py's error is.
+            with open(metadata) as f:
+                content = json.load(f)
+            del content["tfpar_weights_sha256"]
+            with open(metadata, "w") as f:
+                json.dump(content, f)
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"The backup's file {re.escape(weights)} .*Received: "
+                                    f"{received}"):
+            restore()
+
+    def test_metadata_missing_beside_a_committed_generation_is_refused(self):
+        # Generation 2 is written after the metadata named generation 1: without the metadata,
+        # Keras started over without a word.
+        backup_dir, _, _, restore = self.backed_up_twice()
+        metadata = os.path.join(backup_dir, "training_metadata.json")
+        os.remove(metadata)
+        with self.assertRaisesRegex(DamagedStateError, re.escape(
+                f"The backup's file {metadata} is missing, beside the weights of a committed "
+                "save (generation-2.weights.h5).")):
+            restore()
+
+    @parameterized.parameters("cut", "emptied")
+    def test_damaged_metadata_is_one_error_naming_the_file(self, damage):
+        # Before: Keras's json.loads raised JSONDecodeError, a traceback.
+        backup_dir, _, _, restore = self.backed_up_twice()
+        metadata = os.path.join(backup_dir, "training_metadata.json")
+        with open(metadata, "r+b") as f:
+            f.truncate(os.path.getsize(metadata) // 2 if damage == "cut" else 0)
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"The backup's file {re.escape(metadata)} is not readable. "
+                                    "A restore reads a backup as its save wrote it"):
+            restore()
 
 
 class OneFixPerModuleTest(tf.test.TestCase):

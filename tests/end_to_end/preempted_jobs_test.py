@@ -196,6 +196,36 @@ class ProcessPreemptionTest(PreemptionTestCase):
         self.assertSameValues(model_values(whole, "mirrored_2_devices"),
                               model_values(parts, "mirrored_2_devices"))
 
+    @parameterized.parameters(
+        ("deleted", "saved with this state is missing. ", "no such file."),
+        ("cut", "is not readable. ", "BadZipFile: File is not a zip file."))
+    def test_a_rerun_with_a_replicas_copies_file_damaged_exits_2_naming_it(self, damage, what,
+                                                                           received):
+        # ResNet's per-replica BatchNorm: the state saved inside epoch 1 has the replicas' own
+        # statistics in a file beside the checkpoint. Deleted, the rerun exited 0 having
+        # resumed every replica from the first replica's statistics; cut short, it exited 1
+        # with a traceback (which a launcher restarts until its restarts are spent).
+        model_dir = self.get_temp_dir()
+        flags = ("--model=resnet18", "--epochs=1")
+        stopped = self.run_train(model_dir, *flags, signal_at=("step", 1, 1, "SIGTERM"))
+        self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
+        copies = os.path.join(model_dir, "mirrored_2_devices", "replica_copies")
+        (saved,) = os.listdir(copies)
+        (name,) = os.listdir(os.path.join(copies, saved))
+        path = os.path.join(copies, saved, name)
+        if damage == "deleted":
+            os.remove(path)
+        else:
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
+        rerun = self.run_train(model_dir, *flags)
+        self.assertEqual(rerun.returncode, 2, rerun.stderr[-3000:])
+        self.assertEqual(rerun.stderr.strip().splitlines()[-1],
+                         f"Error: The replicas' copies file {path} {what}A restore reads each "
+                         "file its save wrote, as written; start over (resume=False), or use "
+                         f"another model_dir. Received: {received}")
+        self.assertNotIn("Traceback", rerun.stderr)
+
     def test_a_save_past_the_grace_budget_keeps_the_last_complete_state(self):
         model_dir = self.get_temp_dir()
         # The notice in epoch 2; every save from then on takes 30 s, past a 3 s budget.

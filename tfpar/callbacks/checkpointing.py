@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,7 @@ from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
 from tfpar.errors import ConfigError
+from tfpar.errors import DamagedStateError
 from tfpar.errors import PeerLostError
 from tfpar.errors import StateNotSavedError
 
@@ -52,6 +52,21 @@ def _readable_index(directory: str) -> Iterator[None]:
             f"The checkpoint index {os.path.join(directory, 'checkpoint')} is not readable "
             f"({type(e).__name__}). Start over (resume=False), or use another model_dir."
         ) from None
+
+
+class _FileList(tf.train.experimental.PythonState):
+    """The list of a checkpoint's replicas' copies files
+    (:attr:`tfpar.replica_copies.Written.files`), as JSON inside the checkpoint: it commits with
+    the checkpoint, which so records exactly which files it was saved with (``null``: none)."""
+
+    def __init__(self):
+        self.json = "null"
+
+    def serialize(self) -> str:
+        return self.json
+
+    def deserialize(self, string_value: Any) -> None:
+        self.json = string_value.decode() if isinstance(string_value, bytes) else string_value
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
@@ -79,6 +94,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
     # statistics; see :mod:`tfpar.replica_copies`), in ``REPLICA_COPIES_DIR/ckpt-N/``, a file
     # written by each worker before the checkpoint, where any replica's copy differed.
     REPLICA_COPIES_DIR = "replica_copies"
+    # The checkpoint's entry that lists those files (:class:`_FileList`).
+    FILE_LIST = "replica_copies_files"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None):
@@ -104,6 +121,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
         self._metric_variables: list = []
+        self._file_list = _FileList()
         self._last_number = 0
         self._manager = self._make_manager()
         #: Where the restored epoch resumes (0: at its start), and its metrics until then.
@@ -128,7 +146,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return parts
 
     def _make_manager(self) -> tf.train.CheckpointManager:
-        checkpoint = tf.train.Checkpoint(**self._parts(self._metric_variables))
+        checkpoint = tf.train.Checkpoint(**self._parts(self._metric_variables),
+                                         **{self.FILE_LIST: self._file_list})
         with _readable_index(self._write_dir):
             return tf.train.CheckpointManager(checkpoint, self._write_dir,
                                               max_to_keep=self._max_to_keep)
@@ -172,21 +191,26 @@ class EpochCheckpoint(keras.callbacks.Callback):
         """
         latest = self.latest
         if latest is None:
+            self._check_no_index_ignored()
             if self._chief:
                 protocol.record_progress(self.directory, restored=(0, 0))
             return 0
         self._check_made_with()
-        reader = tf.train.load_checkpoint(latest)
-        saved = reader.get_variable_to_shape_map()
-        parts = self._parts()
-        if _VALUE.format("steps_done") not in saved:  # Saved before steps were recorded.
-            del parts["steps_done"]
-        # The metrics are read below, when the resumed epoch begins.
-        tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched(
-        ).expect_partial()
+        with _readable_checkpoint(latest):
+            reader = tf.train.load_checkpoint(latest)
+            saved = reader.get_variable_to_shape_map()
+            parts = self._parts()
+            if _VALUE.format("steps_done") not in saved:  # Saved before steps were recorded.
+                del parts["steps_done"]
+            # The metrics are read below, when the resumed epoch begins.
+            tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched(
+            ).expect_partial()
+            key = f"{self.FILE_LIST}/.ATTRIBUTES/py_state"
+            files = (json.loads(_text(reader.get_tensor(key))) if key in saved
+                     else replica_copies.UNRECORDED)  # Saved before the files were listed.
         epochs, self.resume_step = int(self.epochs_done.numpy()), int(self.steps_done.numpy())
         self._last_number = _number_of(latest)
-        self._restore_replica_copies(os.path.basename(latest))
+        self._restore_replica_copies(os.path.basename(latest), files)
         if self.resume_step:
             reason = keras_fixes.unavailable("mid_epoch_start")
             if reason:
@@ -196,7 +220,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
                     f"fit, which is not applied ({reason}). Start over (resume=False).")
             keras_fixes.install(("mid_epoch_start",))
             keys = [_VALUE.format(f"metric_variables/{i}") for i in range(len(saved))]
-            self._resume_metrics = [reader.get_tensor(key) for key in keys if key in saved]
+            with _readable_checkpoint(latest):
+                self._resume_metrics = [reader.get_tensor(key) for key in keys if key in saved]
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
@@ -204,20 +229,52 @@ class EpochCheckpoint(keras.callbacks.Callback):
             protocol.record_progress(self.directory, restored=self.position)
         return epochs
 
+    def _check_no_index_ignored(self) -> None:
+        """Raises where TensorFlow found no checkpoint although its index is there: it ignores
+        an index it cannot parse, or whose checkpoint has no files, and a run would start over
+        without a word. (TensorFlow replaces the index whole, after the checkpoint's files.)
+
+        Raises:
+            DamagedStateError: Naming the index, or the checkpoint's missing file.
+        """
+        index = os.path.join(self.directory, protocol.CHECKPOINT_INDEX)
+        try:
+            with open(index, "rb") as f:
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return  # No index: nothing was saved (or a save was killed before its first).
+        named = protocol.latest_in_index(text)
+        allowed = ("A restore reads a checkpoint as TensorFlow wrote it; start over "
+                   "(resume=False), or use another model_dir.")
+        files = os.path.join(self.directory, f"{named}.index")
+        if named is None or os.path.exists(files):
+            raise DamagedStateError(f"The checkpoint index {index} is not readable. {allowed} "
+                                    f"Received: {len(text)} characters TensorFlow cannot "
+                                    "parse.")
+        raise DamagedStateError(f"The checkpoint {os.path.join(self.directory, named)} that "
+                                f"the index {index} names has no file {named}.index. {allowed} "
+                                f"Received: no such file {files}.")
+
     def _replica_copies_path(self, name: str) -> str:
         """The folder of checkpoint ``name``'s replicas' copies, a file per worker."""
         return os.path.join(self.directory, self.REPLICA_COPIES_DIR, name)
 
-    def _restore_replica_copies(self, name: str) -> None:
-        """Gives each replica its own copy of what replicas updated apart, as saved."""
+    def _restore_replica_copies(self, name: str, files: Any) -> None:
+        """Gives each replica its own copy of what replicas updated apart, as saved: from the
+        files the checkpoint lists (``files``), or, saved before they were listed, the files
+        found."""
         path = self._replica_copies_path(name)
         try:
-            if replica_copies.read(self._model, path, self._strategy):
+            if replica_copies.read(self._model, path, self._strategy, files):
                 return
+            if files is not replica_copies.UNRECORDED:
+                return  # Every replica's copy was the same: the checkpoint holds it.
             with open(f"{path}.json", encoding="utf-8") as f:  # Saved by tfpar 0.3.
                 copies = replica_copies.decode_json(json.load(f))
         except FileNotFoundError:
             return  # Every replica's copy was the same: the checkpoint holds it.
+        except DamagedStateError:
+            raise
         except (OSError, ValueError) as e:
             raise ConfigError(f"The replicas' copies saved with {name} in {self.directory} are "
                               f"not readable ({e}). Start over (resume=False), or use another "
@@ -228,10 +285,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         """Each worker writes its own replicas' copies of what differs between replicas."""
         path = self._replica_copies_path(name)
         if self._chief:  # What a failed save of this number left (before any worker writes).
-            shutil.rmtree(path, ignore_errors=True)
-        written = replica_copies.write(self._model, path, self._strategy)
+            atomic_io.remove_tree(path)
+        written = replica_copies.write_files(self._model, path, self._strategy)
+        self._file_list.json = json.dumps(written.files)
         self.written_by_this_worker = (
-            [os.path.relpath(written, self.directory)] if written else [])
+            [os.path.relpath(written.path, self.directory)] if written.path else [])
 
     def _prune_replica_copies(self) -> None:
         """Removes the copies of checkpoints the manager no longer keeps."""
@@ -243,10 +301,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 if name.removesuffix(".json") in kept:
                     continue
                 if os.path.isdir(path):
-                    shutil.rmtree(path, ignore_errors=True)
+                    atomic_io.remove_tree(path)
                 else:  # A 0.3 save's JSON.
                     with contextlib.suppress(OSError):
-                        os.remove(path)
+                        atomic_io.remove(path)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -275,7 +333,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             self._manager = self._make_manager()
         number = max(int(self._model.optimizer.iterations.numpy()), self._last_number + 1)
         if self._chief:
-            os.makedirs(self.directory, exist_ok=True)
+            atomic_io.make_dirs(self.directory)
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
             positions = self._positions()
             positions[f"ckpt-{number}"] = [epochs, steps]
@@ -285,7 +343,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.epochs_done.assign(epochs)
         self.steps_done.assign(steps)
         self._write_replica_copies(f"ckpt-{number}")
-        path = self._manager.save(checkpoint_number=number)
+        # TensorFlow renames its data files into place, then writes the checkpoint's
+        # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
+        with atomic_io.external_writes(
+                self._write_dir, "tensorflow", whole=lambda name: not name.endswith(".index"),
+                order=lambda name: (2 if name == protocol.CHECKPOINT_INDEX
+                                    else 1 if name.endswith(".index") else 0)):
+            path = self._manager.save(checkpoint_number=number)
         self._last_number = number
         # Committed: the notice (for its line and stop record, should its grace budget run out
         # during the clean-up below) and the launcher learn of it now.
@@ -315,7 +379,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         with contextlib.suppress(OSError):
             for name in os.listdir(self._write_dir):
                 if name.endswith("_temp"):
-                    shutil.rmtree(os.path.join(self._write_dir, name), ignore_errors=True)
+                    atomic_io.remove_tree(os.path.join(self._write_dir, name))
 
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
@@ -376,7 +440,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             else:
                 logging.info("Saved training state after epoch %d to %s", epochs, path)
         else:
-            shutil.rmtree(self._write_dir, ignore_errors=True)
+            atomic_io.remove_tree(self._write_dir)
 
     def position_of(self, path: str) -> str:
         """The position of the checkpoint at ``path`` in words (``"epoch 3 step 17"``, or
@@ -391,6 +455,29 @@ class EpochCheckpoint(keras.callbacks.Callback):
 def _short(epochs: int, steps: int) -> str:
     """A position in few words: ``"epoch 2"`` (finished) or ``"epoch 3 step 17"``."""
     return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
+
+
+@contextlib.contextmanager
+def _readable_checkpoint(prefix: str) -> Iterator[None]:
+    """Turns TensorFlow's failures to read a damaged checkpoint's files into one clear error
+    (a file cut short: ``IndexError``; bytes changed: ``DataLossError``)."""
+    try:
+        yield
+    except (tf.errors.OpError, ValueError, LookupError, UnicodeDecodeError) as e:
+        if isinstance(e, DamagedStateError):
+            raise
+        detail = e.message if isinstance(e, tf.errors.OpError) else str(e)
+        raise DamagedStateError(
+            f"The checkpoint {prefix} (its files {os.path.basename(prefix)}.index and "
+            f"{os.path.basename(prefix)}.data-*) cannot be restored: they are damaged, or hold "
+            "another model's state. A restore reads a checkpoint of this model as TensorFlow "
+            "wrote it; start over (resume=False), or use another model_dir. "
+            f"Received: {type(e).__name__}: {' '.join(detail.split())[:300]}.") from None
+
+
+def _text(value: Any) -> str:
+    """A string tensor's value read from a checkpoint, as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # A variable's value under its checkpoint key.

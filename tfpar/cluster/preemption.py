@@ -56,6 +56,11 @@ NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGHUP", "none")
 """The notice signals tfpar's programs watch besides SIGTERM (Slurm's --signal sends the one
 chosen); "none" watches SIGTERM only.
 """
+MAX_GRACE_SECONDS = 86400.0
+"""The largest grace budget accepted: a day (schedulers give seconds to minutes). Waits on the
+budget go through the interpreter's clocks and timers, which cannot hold an infinite wait, nor
+one of about 10**10 s and beyond.
+"""
 DEFAULT_NOTICE_SIGNAL = "SIGUSR1"
 """The second notice signal watched by default (besides SIGTERM)."""
 
@@ -88,14 +93,16 @@ def notice_signals(second: str) -> tuple[signal.Signals, ...]:
 
 
 def check_grace_seconds(seconds: float) -> None:
-    """Raises unless ``seconds`` is a number > 0.
+    """Raises unless ``seconds`` is a finite number > 0 and at most :data:`MAX_GRACE_SECONDS`.
 
     Raises:
         ConfigError: Naming the argument.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ConfigError(f"{{argument}} must be a number of seconds > 0. Received: "
-                          f"{seconds!r}.", argument="preemption_grace_seconds")
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+            or not 0 < seconds <= MAX_GRACE_SECONDS):
+        raise ConfigError(f"{{argument}} must be a finite number of seconds > 0 and at most "
+                          f"{MAX_GRACE_SECONDS:g} (a day). Received: {seconds!r}.",
+                          argument="preemption_grace_seconds")
 
 
 class Notice:

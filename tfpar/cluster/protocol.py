@@ -71,6 +71,13 @@ epoch]}``, written before the checkpoint it names."""
 _INDEX_LATEST = re.compile(r'^model_checkpoint_path: "(?:.*/)?(ckpt-(\d+))"', re.M)
 
 
+def latest_in_index(text: str) -> str | None:
+    """The latest checkpoint's name (``"ckpt-N"``) that a checkpoint index's text names, or
+    ``None``."""
+    latest = _INDEX_LATEST.search(text)
+    return latest[1] if latest else None
+
+
 def run_folder_name(strategy: str, num_devices: int) -> str:
     """The sub-folder of ``--model_dir`` where one device set's run keeps its state."""
     return f"{strategy}_{num_devices}_devices"
@@ -82,14 +89,14 @@ def saved_position(folder: str) -> tuple[int, int] | None:
     file, so its number says nothing about epochs)."""
     try:
         with open(os.path.join(folder, CHECKPOINT_INDEX), encoding="utf-8") as f:
-            latest = _INDEX_LATEST.search(f.read())
+            latest = latest_in_index(f.read())
         with open(os.path.join(folder, POSITIONS_FILE), encoding="utf-8") as f:
             positions = json.load(f)
     except (OSError, ValueError):
         return None
-    if latest is None or not isinstance(positions, dict) or latest[1] not in positions:
+    if latest is None or not isinstance(positions, dict) or latest not in positions:
         return None
-    epochs, steps = positions[latest[1]]
+    epochs, steps = positions[latest]
     return int(epochs), int(steps)
 
 

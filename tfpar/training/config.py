@@ -76,7 +76,7 @@ class TrainConfig:
             state there (with model_dir) and exits with status 85 (none: SIGTERM only).
         preemption_grace_seconds: Seconds from a preemption notice to the end of the process
             at the latest (keep it below the scheduler's grace period: Kubernetes' default is
-            30 s); past them the last complete state is kept.
+            30 s; at most 86400, a day); past them the last complete state is kept.
         deterministic: Deterministic TensorFlow ops: with ``seed``, two runs on the same device
             set give identical weights and accuracy (slower on GPUs).
         dtype: Keras dtype policy; mixed_float16 trains with dynamic loss scaling; auto:

@@ -23,8 +23,12 @@ resumes the old position on new weights. The fix saves each backup as a new *gen
 (``generation-N.weights.h5`` and ``replica_copies/N/``) beside the last complete one, and
 commits it by renaming the metadata file, which names it, over the old one; older generations
 are removed after. A kill at any moment resumes from a whole save: the new one, or the one
-before. With ``double_checkpoint=True`` the generation before stays (named by the ``.bkp``
-metadata) and is resumed from when the newest weights file is damaged.
+before. The metadata also lists the generation's replicas' copies files
+(:func:`tfpar.replica_copies.write_files`) and the SHA-256 of its weights file, which a restore
+holds them to: a file that is missing, damaged or not the one written is refused in one line
+naming it (:class:`~tfpar.errors.DamagedStateError`), as is a damaged metadata file. With
+``double_checkpoint=True`` the generation before stays (named by the ``.bkp`` metadata) and is
+resumed from when the newest weights file is damaged.
 
 Upstream: none found. Checked on Keras 3.15.1; the wrapped code is the same from 3.0 to 3.15.
 Fails without it: ``tests/compat/keras_fixes_test.py`` (``BackupAndRestoreTest``:
@@ -40,10 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +61,7 @@ from tfpar import progress_record
 from tfpar import replica_copies
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
+from tfpar.errors import DamagedStateError
 
 
 def _writes_checkpoints(callback: Any) -> bool:
@@ -96,6 +101,11 @@ def _wrap_backup_save(original: Callable) -> Callable:
 STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
 SEEDS_KEY, REPLICA_COPIES_KEY = "tfpar_seed_states", "tfpar_replica_copies"
 GENERATION_KEY = "tfpar_generation"
+# The list of the generation's replicas' copies files, which a restore holds them to
+# (:attr:`tfpar.replica_copies.Written.files`; ``null``: none were written).
+FILES_KEY = "tfpar_replica_copies_files"
+# The SHA-256 of the generation's weights file, which a restore holds it to.
+WEIGHTS_DIGEST_KEY = "tfpar_weights_sha256"
 # Where a generation's files go in the backup folder.
 _WEIGHTS_FILE, _COPIES_DIR = "generation-{}.weights.h5", "replica_copies"
 _GENERATION_FILE = re.compile(r"^generation-(\d+)\.weights\.h5$")
@@ -111,11 +121,11 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
     copies = os.path.join(callback.backup_dir, _COPIES_DIR, str(generation))
     chief = _writes_checkpoints(callback)
     if chief:  # What a save of this generation that never committed left.
-        shutil.rmtree(copies, ignore_errors=True)
+        atomic_io.remove_tree(copies)
     # On every worker: a multi-worker strategy sums metric variables in a collective, and the
     # copies' fingerprints and write count are collectives.
     metrics = mid_epoch_resume.metric_values(callback.model)
-    replica_copies.write(callback.model, copies)
+    written = replica_copies.write_files(callback.model, copies)
     seeds = [np.asarray(keras.ops.convert_to_numpy(v)).tolist()
              for v in _seed_states(callback.model)]
     kept = {name: getattr(callback, name) for name in _BACKUP_PATHS}
@@ -124,7 +134,7 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
     partial = f"{callback._training_metadata_path}.tfpar-partial"
     try:
         if chief:
-            os.makedirs(callback.backup_dir, exist_ok=True)
+            atomic_io.make_dirs(callback.backup_dir)
             callback._weights_path = os.path.join(callback.backup_dir,
                                                   _WEIGHTS_FILE.format(generation))
             callback._training_metadata_path = partial
@@ -132,23 +142,28 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
         else:  # Saving may need every worker: the others save to a folder they delete.
             for name, path in kept.items():
                 setattr(callback, name, path.replace(kept["backup_dir"], scratch, 1))
-        original(callback)
+        # Keras writes its weights file and metadata file in place.
+        with atomic_io.external_writes(scratch or callback.backup_dir, "keras",
+                                       order=lambda name: int(not name.endswith(".h5"))):
+            original(callback)
     finally:
         for name, path in kept.items():
             setattr(callback, name, path)
         callback.double_checkpoint = double
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            atomic_io.remove_tree(scratch)
     if not chief:
         return
     metadata = _read_metadata(partial)
     metadata.update({STEP_KEY: next_step, METRICS_KEY: [v.tolist() for v in metrics],
-                     SEEDS_KEY: seeds, GENERATION_KEY: generation})
+                     SEEDS_KEY: seeds, GENERATION_KEY: generation, FILES_KEY: written.files,
+                     WEIGHTS_DIGEST_KEY: _sha256(os.path.join(
+                         callback.backup_dir, _WEIGHTS_FILE.format(generation)))})
     atomic_io.write_text(partial, json.dumps(metadata))
     if double and committed:  # The generation before stays, named by the .bkp metadata.
         with open(callback._training_metadata_path, encoding="utf-8") as f:
             atomic_io.write_text(callback._prev_training_metadata_path, f.read())
-    os.replace(partial, callback._training_metadata_path)  # The commit.
+    atomic_io.replace(partial, callback._training_metadata_path)  # The commit.
     progress_record.record_progress(callback.backup_dir, saved=_position(metadata))
     _remove_other_generations(callback.backup_dir,
                               {generation, committed} if double else {generation})
@@ -176,12 +191,12 @@ def _remove_other_generations(backup_dir: str, keep: set[int]) -> None:
             match = _GENERATION_FILE.match(name)
             if name == "latest.weights.h5" or (match and int(match.group(1)) not in keep):
                 with contextlib.suppress(OSError):
-                    os.remove(os.path.join(backup_dir, name))
+                    atomic_io.remove(os.path.join(backup_dir, name))
     copies = os.path.join(backup_dir, _COPIES_DIR)
     with contextlib.suppress(OSError):
         for name in os.listdir(copies):
             if not name.isdigit() or int(name) not in keep:
-                shutil.rmtree(os.path.join(copies, name), ignore_errors=True)
+                atomic_io.remove_tree(os.path.join(copies, name))
 
 
 def _seed_states(model: keras.Model) -> list[keras.Variable]:
@@ -202,7 +217,8 @@ def _restore_state_beyond_weights(callback: Any, metadata: dict[str, Any]) -> No
                         "%d; left as built.", len(saved), len(seeds))
     if GENERATION_KEY in metadata:
         folder = os.path.join(callback.backup_dir, _COPIES_DIR, str(metadata[GENERATION_KEY]))
-        replica_copies.read(model, folder)
+        replica_copies.read(model, folder,
+                            files=metadata.get(FILES_KEY, replica_copies.UNRECORDED))
     else:  # Saved by tfpar 0.3.
         replica_copies.scatter(model, replica_copies.decode_json(
             metadata.get(REPLICA_COPIES_KEY, {})))
@@ -218,10 +234,88 @@ def _wrap_backup_train_end(original: Callable) -> Callable:
     return on_train_end
 
 
+def _committed_metadata(callback: Any) -> dict[str, Any]:
+    """The committed metadata file's content (empty where there is none).
+
+    Raises:
+        DamagedStateError: If it is there but is not a JSON object (cut short, emptied).
+    """
+    path = callback._training_metadata_path
+    try:
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except FileNotFoundError:
+        _check_no_orphan_generation(callback)
+        return {}
+    except (OSError, ValueError) as e:
+        raise _damaged(callback, path, "is not readable", f"{type(e).__name__}: {e}") from None
+    if not isinstance(metadata, dict):
+        raise _damaged(callback, path, "is not a backup's metadata",
+                       f"JSON of type {type(metadata).__name__}")
+    return metadata
+
+
+def _check_no_orphan_generation(callback: Any) -> None:
+    """Raises where the metadata file is missing beside a generation's weights that only a
+    committed save leaves: generation N > 1 is written after the metadata named N - 1.
+
+    Raises:
+        DamagedStateError: Naming the metadata file.
+    """
+    later: list[str] = []
+    with contextlib.suppress(OSError):
+        later = sorted(name for name in os.listdir(callback.backup_dir)
+                       if (match := _GENERATION_FILE.match(name)) and int(match[1]) > 1)
+    if later:
+        raise _damaged(callback, callback._training_metadata_path, "is missing, beside the "
+                       f"weights of a committed save ({later[0]})", "no such file")
+
+
+def _damaged(callback: Any, path: str, problem: str, received: str) -> DamagedStateError:
+    return DamagedStateError(
+        f"The backup's file {path} {problem}. A restore reads a backup as its save wrote it; "
+        f"start over (remove the backup folder {callback.backup_dir}), or use another one. "
+        f"Received: {received}.")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _load_generation(callback: Any, original: Callable, metadata: dict[str, Any]) -> Any:
+    """Loads the weights of the generation ``metadata`` names, held to the digest it records.
+
+    Raises:
+        DamagedStateError: If the weights file is missing, not the one written, or not
+            readable.
+    """
+    path = os.path.join(callback.backup_dir, _WEIGHTS_FILE.format(metadata[GENERATION_KEY]))
+    names = f"that {callback._training_metadata_path} names"
+    if not os.path.exists(path):
+        raise _damaged(callback, path, f"{names} is missing", "no such file")
+    saved = metadata.get(WEIGHTS_DIGEST_KEY)
+    if saved is not None and _sha256(path) != saved:
+        raise _damaged(callback, path, f"{names} is not the one its save wrote (another "
+                       "save's, or changed since)", f"a file of another SHA-256 than "
+                       f"{saved[:16]}...")
+    weights_path = callback._weights_path
+    callback._weights_path = path
+    try:
+        return original(callback)
+    except OSError as e:  # h5py's, for a file cut short or emptied.
+        raise _damaged(callback, path, "is not readable", f"{type(e).__name__}: {e}") from None
+    finally:
+        callback._weights_path = weights_path
+
+
 def _wrap_backup_load(original: Callable) -> Callable:
     @functools.wraps(original)
     def _load_model(self):
-        metadata = _read_metadata(self._training_metadata_path)
+        metadata = _committed_metadata(self)
         if GENERATION_KEY not in metadata:  # Keras's own save, or none.
             loaded = original(self)
             if metadata:
@@ -229,27 +323,18 @@ def _wrap_backup_load(original: Callable) -> Callable:
             if _writes_checkpoints(self):
                 progress_record.record_progress(self.backup_dir, restored=_position(metadata))
             return loaded
-        weights_path = self._weights_path
         try:
-            self._weights_path = os.path.join(self.backup_dir,
-                                              _WEIGHTS_FILE.format(metadata[GENERATION_KEY]))
-            if not os.path.exists(self._weights_path):
-                raise OSError(f"{self._weights_path} is missing")
-            loaded = original(self)
-        except OSError:
+            loaded = _load_generation(self, original, metadata)
+        except DamagedStateError:
             # A damaged weights file: the generation before, where double_checkpoint kept it.
             before = _read_metadata(self._prev_training_metadata_path)
             if GENERATION_KEY not in before:
                 raise
-            logging.warning("BackupAndRestore: %s is not readable; resuming from the save "
-                            "before it.", self._weights_path)
-            os.replace(self._prev_training_metadata_path, self._training_metadata_path)
+            logging.warning("BackupAndRestore: the weights of generation %s are not readable; "
+                            "resuming from the save before it.", metadata[GENERATION_KEY])
+            atomic_io.replace(self._prev_training_metadata_path, self._training_metadata_path)
             metadata = before
-            self._weights_path = os.path.join(self.backup_dir,
-                                              _WEIGHTS_FILE.format(metadata[GENERATION_KEY]))
-            loaded = original(self)
-        finally:
-            self._weights_path = weights_path
+            loaded = _load_generation(self, original, metadata)
         _restore_state_beyond_weights(self, metadata)
         if _writes_checkpoints(self):
             progress_record.record_progress(self.backup_dir, restored=_position(metadata))
