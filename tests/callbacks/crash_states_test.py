@@ -50,6 +50,7 @@ from unittest import mock
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfpar import atomic_io
@@ -304,7 +305,24 @@ def names_the_file(message: str, file: str) -> bool:
     return name in message or (prefix is not None and f"{prefix[1]}.index" in message)
 
 
+REPORTED: list[str] = []
+"""This test's counts, for the test summary ("crash states" lines)."""
+
+
+def say(line: str) -> None:
+    """Prints ``line`` (seen with ``-s``) and reports it in the test summary."""
+    print(line)
+    REPORTED.append(line)
+
+
 class CrashStatesCase(testing.StrategyTestCase):
+
+    @pytest.fixture(autouse=True)
+    def _report(self, record_property):
+        REPORTED.clear()
+        yield
+        for line in REPORTED:
+            record_property("crash states", line)
 
     def explore(self, name: str, recorded: Recorded, committed: list[Committed],
                 restore: Callable[[str], Committed],
@@ -325,10 +343,10 @@ class CrashStatesCase(testing.StrategyTestCase):
                 earlier.append(f"{state.describe(recorded)}: {failure}")
             elif failure:
                 failures.append(f"{state.describe(recorded)}: {failure}")
-        print(f"crash states of {name}: {len(everything)} ({len(recorded.operations)} "
+        say(f"crash states of {name}: {len(everything)} ({len(recorded.operations)} "
               f"operations), explored {len(explored)}")
         for line in earlier:
-            print(f"  allowed, restored an earlier save: {line}")
+            say(f"  allowed, restored an earlier save: {line}")
         self.assertGreater(len(recorded.operations), 0)
         self.assertGreater(len(explored), 0)
         self.assertEqual(failures, [], f"{len(failures)} of {len(explored)} states of {name} "
@@ -541,7 +559,7 @@ class LauncherRecordsCrashStatesTest(CrashStatesCase):
             allowed = [old, new] + ([None] if state.damage else [])
             if found not in allowed:
                 failures.append(f"{state.describe(recorded)}: read {found!r}")
-        print(f"crash states of the {name}: {len(everything)} ({len(recorded.operations)} "
+        say(f"crash states of the {name}: {len(everything)} ({len(recorded.operations)} "
               f"operations), explored {len(everything)}")
         self.assertGreater(len(everything), 0)
         self.assertEqual(failures, [])

@@ -201,6 +201,16 @@ def _synchronizes(layer: keras.layers.Layer) -> bool:
         _synchronizes(inner) for inner in getattr(layer, "layers", ()))
 
 
+def aggregated_state(model: keras.Model) -> list[str]:
+    """The paths of the model's non-trainable variables that replicas aggregate when one is
+    assigned (``add_weight(..., aggregation="mean")``, ``"sum"``,
+    ``"only_first_replica"``): an assignment in a layer's call is then a synchronization
+    point of every replica, which cannot sit in a conditional branch."""
+    return [v.path for v in model.non_trainable_variables
+            if str(getattr(v, "aggregation", "none") or "none").lower() != "none"
+            and not v.path.endswith("seed_generator_state")]
+
+
 def _unknown_if_empty(tensor: Any) -> Any:
     """``tensor`` with its batch size left unknown to the trace when it is known to be 0.
 
@@ -292,6 +302,13 @@ def _virtual_replicas_step(model: keras.Model, options: StepOptions, step: _Repl
                           "synchronized BatchNorm normalises over the whole batch instead. "
                           "Build the model with synchronized=False, or train without "
                           "virtual_replicas.")
+    aggregated = aggregated_state(model)
+    if aggregated:
+        raise ConfigError(
+            f"virtual_replicas keeps each shard's layer state its own; {', '.join(aggregated)} "
+            "is aggregated across replicas when assigned (add_weight(aggregation=...)). "
+            "Create it with aggregation='none' (as BatchNormalization's statistics are), or "
+            "train without virtual_replicas.")
     if step.loss_scale is not None:
         raise ConfigError("virtual_replicas cannot train with a LossScaleOptimizer (its scale "
                           "depends on the number of replicas); train in float32 or bfloat16.")
@@ -341,7 +358,10 @@ class _ReplicaStep:
         """The gradient of the sum of this replica's examples' losses, micro-batch by
         micro-batch (``accumulation_steps``), summed locally."""
         grads: list = []
-        synchronizes = _synchronizes(self.model)
+        # Layers that all-reduce inside the forward pass (synchronized BatchNormalization), or
+        # assign variables replicas aggregate, cannot sit in a conditional branch: the model
+        # then runs on an empty shard too.
+        synchronizes = _synchronizes(self.model) or bool(aggregated_state(self.model))
         self._seeds_at_start = [tf.identity(v.value) for v in self.seeds]
         self._ran = tf.constant(0.0)
         for micro, micro_count in _micro_batches((x, y, sample_weight), count,
@@ -354,8 +374,6 @@ class _ReplicaStep:
             # One micro-batch after the other: the next starts once this one's gradients exist.
             with tf.control_dependencies(grads):
                 if synchronizes:
-                    # Layers that all-reduce inside the forward pass (synchronized
-                    # BatchNormalization) cannot sit in a conditional branch.
                     step_grads = run_micro_batch()
                 else:
                     # tf.cond traces the forward pass first, which fills `present`.
@@ -383,10 +401,12 @@ class _ReplicaStep:
                           else 1.0 / (tf.maximum(count, 1.0) * replicas))
                 objective = loss_scale.scale_loss(objective * shrink)
         grads = tape.gradient(objective, self.variables)
-        # An Embedding's gradient is sparse (IndexedSlices); the empty shard's branch and the
-        # all-reduce's buckets are dense.
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                 for g in grads]
+        # An Embedding's gradient is sparse (IndexedSlices), and its dense form may have lost
+        # its static shape; the empty shard's branch and the all-reduce's buckets are dense,
+        # of the variable's shape.
+        grads = [g if g is None or (isinstance(g, tf.Tensor) and g.shape.is_fully_defined())
+                 else tf.reshape(tf.convert_to_tensor(g), v.shape)
+                 for g, v in zip(grads, self.variables)]
         if loss_scale is not None:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
         if not self.present:
