@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import tfpar
 from tfpar import testing
 from tfpar.callbacks import batchnorm_statistics
 
@@ -34,6 +35,15 @@ class ReplicaStatisticsTest(testing.StrategyTestCase):
         self.assertReplicasInSync(model)
         # Momentum 0.99: each replica moved 1% of the way to its mean (0 and 10); the
         # average is 1% of 5.
+        self.assertAllClose(model.layers[0].moving_mean, np.full(4, 0.05), rtol=1e-5)
+
+    def test_the_models_own_strategy_by_default(self):
+        # As the saving guide writes it: tfpar.callbacks.AverageAtEpochEnd().
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = bn_model()
+        model.fit(skewed_batch(), verbose=0, callbacks=[tfpar.callbacks.AverageAtEpochEnd()])
+        self.assertReplicasInSync(model)
         self.assertAllClose(model.layers[0].moving_mean, np.full(4, 0.05), rtol=1e-5)
 
     def test_the_epoch_end_averaging_is_traced_once(self):

@@ -59,10 +59,11 @@ class AverageAtEpochEnd(keras.callbacks.Callback):
     The averaging function is traced once, at the first epoch's end, and reused.
 
     Args:
-        strategy: The strategy the model was built under.
+        strategy: The strategy the model was built under (by default the model's own,
+            ``model.distribute_strategy``).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy):
+    def __init__(self, strategy: tf.distribute.Strategy | None = None):
         super().__init__()
         self.strategy = strategy
         self._average = None
@@ -70,6 +71,7 @@ class AverageAtEpochEnd(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._for_model is not self.model:
-            self._average, self._for_model = averager(self.model, self.strategy), self.model
+            strategy = self.strategy or self.model.distribute_strategy
+            self._average, self._for_model = averager(self.model, strategy), self.model
         if self._average is not None:
             self._average()
