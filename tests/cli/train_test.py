@@ -62,6 +62,16 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
             np.atleast_1d(states[1].get_tensor(k)).view(np.uint8))]
         self.assertEqual(differ, [])
 
+    def test_output_to_a_file_has_a_plain_line_per_epoch(self):
+        # A pipe, as a log file under Slurm, Kubernetes or nohup is: no progress bar redrawn
+        # with carriage returns and escape codes, one line per epoch (Keras's verbose=2).
+        result = train("--dataset=digits", "--epochs=2", "--model=lenet", "--batch_size=256")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertNotIn("\r", result.stdout)
+        self.assertNotIn("\x1b[", result.stdout)
+        self.assertLen(re.findall(r"^Epoch \d/2$", result.stdout, re.M), 2)
+        self.assertLen(re.findall(r"^\d+/\d+ - \S+ - .*loss: ", result.stdout, re.M), 2)
+
     def test_reports_each_device_set_and_writes_json(self):
         output = os.path.join(self.get_temp_dir(), "results.json")
         result = train("--strategy=allreduce", "--dataset=digits", "--num_devices=1,2",
@@ -121,6 +131,8 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("absurd_grace", ["--preemption_grace_seconds=1e10"],
          r"--preemption_grace_seconds must be a finite number of seconds > 0 and at most 86400 "
          r"\(a day\)\. Received: 10000000000\.0\.$"),
+        ("bad_verbose", ["--verbose=3"], r"--verbose must be 0, 1, 2 or 'auto'\. "
+                                          r"Received: 3\.$"),
         ("nan_grace", ["--preemption_grace_seconds=nan"],
          r"--preemption_grace_seconds must be a finite number .* Received: nan\.$"),
     )

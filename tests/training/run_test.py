@@ -2,6 +2,7 @@
 
 import dataclasses
 import glob
+import io
 import math
 import os
 from unittest import mock
@@ -140,6 +141,19 @@ class OptionsTest(testing.StrategyTestCase):
             dataclasses.replace(CONFIG, dtype="float8")
         with self.assertRaisesRegex(ConfigError, r"profile_steps is \(first, last\)"):
             dataclasses.replace(CONFIG, profile_steps=(3, 2))
+
+
+class ProgressVerbosityTest(tf.test.TestCase):
+
+    def test_auto_is_bars_on_a_terminal_and_lines_elsewhere(self):
+        class Terminal(io.StringIO):
+            def isatty(self):
+                return True
+
+        self.assertEqual(run.progress_verbosity("auto", Terminal()), 1)
+        self.assertEqual(run.progress_verbosity("auto", io.StringIO()), 2)
+        self.assertEqual(run.progress_verbosity(1, io.StringIO()), 1)
+        self.assertEqual(run.progress_verbosity(0, Terminal()), 0)
 
 
 if __name__ == "__main__":

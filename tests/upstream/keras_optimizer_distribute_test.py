@@ -225,10 +225,9 @@ class OptimizerDistributeTestAllReduce(OptimizerDistributeTest):
 
 class OptimizerDistributeTestCentralStorage(OptimizerDistributeTest):
     ENTRY = "central_storage"
-    # Deliberate refusals: tfpar refuses use_ema and gradient_accumulation_steps under
-    # central_storage at the first training step (Keras assigns the variables in the replica
-    # context, which the strategy forbids; tfpar/strategies/refusals.py).
+    # A deliberate refusal: tfpar refuses gradient_accumulation_steps under central_storage at
+    # the first training step (Keras applies it inside tf.cond, where the strategy forbids the
+    # cross-replica update; tfpar/strategies/refusals.py). use_ema trains there.
     NOT_APPLICABLE = {
-        "test_ema": "use_ema is refused under central_storage",
         "test_gradient_accumulation": "gradient_accumulation_steps is refused under "
                                       "central_storage"}

@@ -63,7 +63,9 @@ class TrainConfig:
         epochs: Training epochs.
         seed: Seed of weights and shuffling.
         sync_batchnorm: Compute BatchNorm statistics over the global batch (ResNet-18).
-        verbose: Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none.
+        verbose: Keras verbosity: 1 progress bars, 2 a line per epoch, 0 none; auto: progress
+            bars where the output is a terminal, else a line per epoch (a log file, a pipe,
+            the launcher's prefixed worker output).
         chief_only_progress: In multi-worker training, only the chief shows progress and
             reports (the other workers train silently).
         model_dir: Save training state here after every epoch and at a preemption notice (one
@@ -109,7 +111,7 @@ class TrainConfig:
     epochs: int = 10
     seed: int = 0
     sync_batchnorm: bool = False
-    verbose: int = 1
+    verbose: int | str = AUTO
     chief_only_progress: bool = True
     model_dir: str | None = None
     resume: bool = True
@@ -143,6 +145,10 @@ class TrainConfig:
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",
                f"{{argument}} must be an integer from 0 to 2**32 - 1. {received}{self.seed!r}.")
         config_fields.normalise_count_or(self, "steps_per_execution", AUTO, ConfigError)
+        if isinstance(self.verbose, str) and self.verbose.isdigit():
+            object.__setattr__(self, "verbose", int(self.verbose))
+        _check(self.verbose in (0, 1, 2, AUTO) and not isinstance(self.verbose, bool), "verbose",
+               f"{{argument}} must be 0, 1, 2 or {AUTO!r}. {received}{self.verbose!r}.")
         if self.dataset not in catalog.OFFLINE_DATASETS:  # The offline ones read no folder.
             catalog.check_data_dir(self.data_dir)
         preemption.check_grace_seconds(self.preemption_grace_seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -89,6 +90,17 @@ class RunResult:
         return dataclasses.asdict(self)
 
 
+def progress_verbosity(verbose: int | str, stream: Any = None) -> int:
+    """Keras's ``verbose`` for ``fit``: ``"auto"`` is progress bars (1) where ``stream``
+    (standard output) is a terminal, and a line per epoch (2) elsewhere, where a bar's
+    carriage returns and escape codes would fill a log with redrawn lines."""
+    if verbose != AUTO:
+        return int(verbose)
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return 1 if isatty is not None and isatty() else 2
+
+
 def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                      splits: loading.Splits | None = None,
                      strategy: tf.distribute.Strategy | None = None,
@@ -141,7 +153,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
                                      run.initial_epoch, run.callbacks)
     fit_args.update(epochs=config.epochs, initial_epoch=run.initial_epoch,
                     callbacks=run.callbacks,
-                    verbose=config.verbose if run.chief or not config.chief_only_progress else 0)
+                    verbose=(progress_verbosity(config.verbose)
+                             if run.chief or not config.chief_only_progress else 0))
     history = _fit(model, train, fit_args, config, strategy, run.checkpoint).history
     timer = run.timer
     timed = bool(timer.epoch_seconds)  # False when a resumed run had no epoch left.
