@@ -352,6 +352,15 @@ class CrashStatesCase(testing.StrategyTestCase):
         self.assertEqual(failures, [], f"{len(failures)} of {len(explored)} states of {name} "
                                        "failed the oracle")
 
+    def trained_from(self) -> tuple:
+        """The strategy (2 replicas), a model with BatchNorm built under it with its optimizer,
+        the data, and the model's initial state."""
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = batchnorm_model()
+            model.optimizer.build(model.trainable_variables)
+        return strategy, model, data(), state_of(model)
+
     def judge(self, state: State, folder: str, committed: list[Committed],
               restore: Callable[[str], Committed]) -> str:
         """What is wrong with the restore from ``folder`` ("" where nothing is)."""
@@ -390,12 +399,7 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
         root = self.get_temp_dir()
         directory = os.path.join(root, "model")
         record = os.path.join(root, "progress.json")
-        strategy = self.strategy("mirrored", 2)
-        with strategy.scope():
-            model = batchnorm_model()
-            model.optimizer.build(model.trainable_variables)
-        x, y = data()
-        initial = state_of(model)
+        strategy, model, (x, y), initial = self.trained_from()
         committed = [Committed((0, 0), initial)]
         with mock.patch.dict(os.environ, {progress_record.PROGRESS_RECORD_ENV: record}):
             checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
@@ -475,12 +479,7 @@ class BackupAndRestoreCrashStatesTest(CrashStatesCase):
     def run_protocol(self, double_checkpoint: bool) -> None:
         root = self.get_temp_dir()
         backup = os.path.join(root, "backup")
-        strategy = self.strategy("mirrored", 2)
-        with strategy.scope():
-            model = batchnorm_model()
-            model.optimizer.build(model.trainable_variables)
-        x, y = data()
-        initial = state_of(model)
+        strategy, model, (x, y), initial = self.trained_from()
         committed = [Committed((0, 0), initial)]
         stack = contextlib.ExitStack()
         recording: list = []

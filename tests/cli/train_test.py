@@ -132,7 +132,7 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          r"--preemption_grace_seconds must be a finite number of seconds > 0 and at most 86400 "
          r"\(a day\)\. Received: 10000000000\.0\.$"),
         ("bad_verbose", ["--verbose=3"], r"--verbose must be 0, 1, 2 or 'auto'\. "
-                                          r"Received: 3\.$"),
+                                          r"Received: --verbose=3\.$"),
         ("nan_grace", ["--preemption_grace_seconds=nan"],
          r"--preemption_grace_seconds must be a finite number .* Received: nan\.$"),
     )

@@ -31,6 +31,31 @@ def launcher_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("launcher:")]
 
 
+def assert_launch_refuses(test: tf.test.TestCase, flags: list[str], visible: str,
+                          line: str) -> None:
+    """Asserts ``tfpar-launch FLAGS -- python -c pass`` with ``CUDA_VISIBLE_DEVICES=visible``
+    exits 2 with ``line`` alone."""
+    result = subprocess.run([sys.executable, LAUNCH, *flags, "--", sys.executable, "-c", "pass"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": visible})
+    test.assertEqual(result.returncode, 2, result.stderr)
+    test.assertEqual(result.stderr.strip(), line)
+
+
+def notice_once_up(test: tf.test.TestCase, code_and_args: list[str]) -> tuple[int, str]:
+    """Runs ``tfpar-launch --num_workers=2 -- python -c CODE ARGS``, sends the launcher a
+    notice once both workers printed "up", and returns its status and output."""
+    launch = subprocess.Popen(
+        [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", *code_and_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    test.addCleanup(launch.kill)
+    for _ in range(2):
+        test.assertIn("up", launch.stdout.readline())
+    launch.send_signal(signal.SIGTERM)
+    output = launch.communicate(timeout=120)[0]
+    return launch.returncode, output
+
+
 class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
     """A notice to the launcher ends it with 85 only when every worker saved; else the worst
     normalised status, never 0 nor a negative return code's 247."""
@@ -55,16 +80,9 @@ class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
             print("up", flush=True)
             time.sleep(60)
             """)
-        launch = subprocess.Popen(
-            [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", code,
-             "--preemption_grace_seconds=0.5"],  # Read by the launcher: its grace is 10.5 s.
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.addCleanup(launch.kill)
-        for _ in range(2):
-            self.assertIn("up", launch.stdout.readline())
-        launch.send_signal(signal.SIGTERM)
-        output = launch.communicate(timeout=120)[0]
-        self.assertEqual(launch.returncode, expected, output)
+        # The grace is read by the launcher: its own is 10.5 s.
+        returncode, output = notice_once_up(self, [code, "--preemption_grace_seconds=0.5"])
+        self.assertEqual(returncode, expected, output)
         said = ("" if expected == 85 else " (killed past the grace budget): the training "
                 "since the last complete state is lost")
         self.assertIn(f"launcher: preempted; the workers exited with {expected}{said}.", output)
@@ -86,15 +104,8 @@ class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
             print("up", flush=True)
             time.sleep(60)
             """)
-        launch = subprocess.Popen(
-            [sys.executable, LAUNCH, "--num_workers=2", "--", sys.executable, "-c", code, state],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.addCleanup(launch.kill)
-        for _ in range(2):
-            self.assertIn("up", launch.stdout.readline())
-        launch.send_signal(signal.SIGTERM)
-        output = launch.communicate(timeout=120)[0]
-        self.assertEqual(launch.returncode, 143, output)
+        returncode, output = notice_once_up(self, [code, state])
+        self.assertEqual(returncode, 143, output)
         self.assertEqual(launcher_lines(output)[-1],
                          "launcher: preempted; the workers exited with 143 (ended by the "
                          "notice's SIGTERM without saving: the command does not save on a "
@@ -270,15 +281,11 @@ class GpusPerWorkerTest(tf.test.TestCase, parameterized.TestCase):
                                                  r"host shows 4 .* set gpus_per_worker=0 to run "
                                                  r"them on the CPU\.$"):
             launcher.launch([sys.executable, "-c", "pass"], 5, gpus=["0", "1", "2", "3"])
-        result = subprocess.run([sys.executable, LAUNCH, "--num_workers=3",
-                                 "--gpus_per_worker=2", "--", sys.executable, "-c", "pass"],
-                                capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.strip(),
-                         "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
-                         "(CUDA_VISIBLE_DEVICES, nvidia-smi or the driver's list). Run fewer "
-                         "workers, or set --gpus_per_worker=0 to run them on the CPU.")
+        assert_launch_refuses(
+            self, ["--num_workers=3", "--gpus_per_worker=2"], "0,1,2,3",
+            "Error: 3 workers of 2 GPU each need 6 GPUs; this host shows 4 "
+            "(CUDA_VISIBLE_DEVICES, nvidia-smi or the driver's list). Run fewer "
+            "workers, or set --gpus_per_worker=0 to run them on the CPU.")
 
 
 MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5a1c)
@@ -322,15 +329,10 @@ class GpuListingTest(tf.test.TestCase):
                 "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "
                 "List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")):
             gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})
-        result = subprocess.run([sys.executable, LAUNCH, "--num_workers=2", "--",
-                                 sys.executable, "-c", "pass"],
-                                capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,0"})
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.strip(),
-                         "Error: CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers "
-                         "would share it. List each GPU once. Received: "
-                         "CUDA_VISIBLE_DEVICES='0,0'.")
+        assert_launch_refuses(
+            self, ["--num_workers=2"], "0,0",
+            "Error: CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers "
+            "would share it. List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")
 
     def test_mig_instances_are_listed_by_uuid_one_per_worker(self):
         listed = gpus.listed_gpus(MIG_LISTING)

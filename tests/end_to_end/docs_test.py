@@ -85,23 +85,22 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertLen(re.findall(r"'accuracy': ", result.stdout), len(runs))
 
-    def test_testing_example(self):
-        path = os.path.join(self.get_temp_dir(), "my_model_test.py")
+    def run_test_block(self, name: str) -> str:
+        """Runs the guide's test module ``name`` as a user would; returns what it printed."""
+        path = os.path.join(self.get_temp_dir(), f"{name}_test.py")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(block("testing_example"))
+            f.write(block(name))
         result = subprocess.run([sys.executable, path], capture_output=True, text=True,
                                 timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertRegex(result.stderr, r"OK \(skipped=\d+\)")
+        return result.stderr
+
+    def test_testing_example(self):
+        self.assertRegex(self.run_test_block("testing_example"), r"OK \(skipped=\d+\)")
 
     def test_generated_models_example(self):
-        path = os.path.join(self.get_temp_dir(), "my_layers_test.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(block("generated_models_example"))
-        result = subprocess.run([sys.executable, path], capture_output=True, text=True,
-                                timeout=300)
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertRegex(result.stderr, r"Ran 1 test.*\n\nOK")
+        self.assertRegex(self.run_test_block("generated_models_example"),
+                         r"\[       OK \] MyLayersTest\.test_my_layers_under_allreduce")
 
     @parameterized.parameters("allreduce_options", "epoch_checkpoint", "own_steps",
                               "tutorial_one_device", "tutorial_two_devices")

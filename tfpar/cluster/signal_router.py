@@ -43,7 +43,7 @@ _early_replaced: dict[int, Any] = {}  # The handlers the early recording replace
 PROGRAMS = ("tfpar-train", "tfpar-launch", "tfpar-benchmark", "tfpar-env")
 """tfpar's console programs, which record notices from their first import of tfpar."""
 _PROGRAM_MODULES = tuple(f"tfpar.cli.{name.split('-')[1]}" for name in PROGRAMS)
-_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's scripts/.
+_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's script files.
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """The notices recorded early: those every program watches until it reads its flags."""
 _listeners: list[Callable[[int], None]] = []
@@ -63,7 +63,7 @@ def _record_early(signum, frame) -> None:
 
 def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """Whether this process runs one of tfpar's programs: a console script of
-    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's ``scripts/X.py``.
+    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's script file ``X.py``.
 
     Args:
         argv: ``sys.argv``.
