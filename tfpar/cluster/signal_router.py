@@ -71,16 +71,23 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """
     options = iter(orig_argv[1:])  # The interpreter's options, up to its script or -m/-c.
     for option in options:
-        if option == "-m":
-            return next(options, "") in _PROGRAM_MODULES
-        if option.startswith("-m"):
-            return option[2:] in _PROGRAM_MODULES
-        if option == "-c" or option.startswith("-c"):
-            return False
-        if option in ("-W", "-X", "--check-hash-based-pycs"):
+        if option == "--check-hash-based-pycs":
             next(options, None)  # Its value.
-        elif not option.startswith("-") or option == "-":
+            continue
+        if option.startswith("--"):
+            continue
+        if not option.startswith("-") or option == "-":
             break  # The script: argv[0].
+        # Short options combine as CPython reads them ("-um X", "-Bu -m X", "-uWignore"): -c,
+        # -m, -W and -X take the rest of the word as their value, else the next word.
+        for at, letter in enumerate(option[1:], start=2):
+            if letter in "cmWX":
+                value = option[at:] or next(options, "")
+                if letter == "m":
+                    return value in _PROGRAM_MODULES
+                if letter == "c":
+                    return False
+                break
     if not argv or not argv[0]:
         return False
     if os.path.basename(argv[0]) in PROGRAMS:
