@@ -298,6 +298,27 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 launcher.launch(command, 4, out=io.StringIO(), network="host", gpus=gpus)
         self.assertEqual(launcher.worker_counts(
             ["t", "--virtual_replicas=4", "--num_devices=2"], 1, 2), (1, 2))
+
+    def test_a_world_size_invariant_job_reads_the_flags_as_its_workers_do(self):
+        # The workers' absl flags: the last of a repeated flag wins, one dash is a flag too,
+        # and integers take a sign or a base prefix. 4 workers of 2 devices each under V=4
+        # passed the launcher and every worker exited 2.
+        for command in (["t", "--virtual_replicas=4", "--num_devices=1", "--num_devices=2"],
+                        ["t", "--virtual_replicas=4", "-num_devices=2"],
+                        ["t", "--virtual_replicas=4", "-num_devices", "2"],
+                        ["t", "--virtual_replicas=4", "--num_devices=+2"],
+                        ["t", "--virtual_replicas=+4", "--num_devices=2"],
+                        ["t", "--virtual_replicas=0x4", "--num_devices=2"],
+                        ["t", "-virtual_replicas", "4", "--devices=CPU:0",
+                         "--devices=CPU:0,CPU:1"]):
+            with self.assertRaisesRegex(ConfigError, "4 workers of 2 devices", msg=command):
+                launcher.worker_counts(command, 4, 4)
+        # ... and a job its workers run is not refused.
+        for command in (["t", "--virtual_replicas=4", "--num_devices=2", "--num_devices=1"],
+                        ["t", "--virtual_replicas=4", "--devices=CPU:0,CPU:1", "--devices="]):
+            self.assertEqual(launcher.worker_counts(command, 4, 4), (4,), command)
+        self.assertEqual(launcher.model_dir_of(["t", "--model_dir=a", "--model_dir=b"]), "b")
+        self.assertEqual(launcher.model_dir_of(["uv", "run", "--", "t", "-model_dir=c"]), "c")
         self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
                          (1, 2, 4))
 

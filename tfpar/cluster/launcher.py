@@ -87,13 +87,35 @@ INTERRUPTED_STATUS = ExitStatus.INTERRUPTED
 
 
 def flag_of(command: Sequence[str], name: str) -> str | None:
-    """The value of ``--name`` in a command line (``--name=V`` or ``--name V``), or ``None``."""
-    for i, arg in enumerate(command):
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1] or None
-        if arg == f"--{name}" and i + 1 < len(command):
-            return command[i + 1]
-    return None
+    """The value of ``--name`` in a command line, or ``None``, as absl reads it: ``--name=V``,
+    ``--name V`` or with one dash (``-name=V``), the last one given winning (a wrapper's ``--``,
+    as in ``uv run -- python t.py``, is looked past)."""
+    value = None
+    args = iter(command)
+    for arg in args:
+        for dashes in ("--", "-"):
+            if arg.startswith(f"{dashes}{name}="):
+                value = arg.split("=", 1)[1] or None
+                break
+            if arg == f"{dashes}{name}":
+                value = next(args, None)
+                break
+    return value
+
+
+def _integer(text: str | None, prefixed: bool = True) -> int | None:
+    """``text`` as an integer as the programs parse it (``" 4"``, ``"+4"``; ``"0x4"`` as absl's
+    integer flags do where ``prefixed``, not as ``--num_devices``'s items), or ``None``."""
+    if text is None:
+        return None
+    text = text.strip()
+    base = 10
+    if prefixed and len(text) > 2 and text[0] == "0":
+        base = {"x": 16, "o": 8}.get(text[1], 10)
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
 
 
 def model_dir_of(command: Sequence[str]) -> str | None:
@@ -302,7 +324,8 @@ def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = Non
         listed = [n.strip() for n in names.split(",") if n.strip()]
         return (len(listed),), f"--devices={','.join(listed)}"
     text = flag_of(command, "num_devices")
-    counts = tuple(int(n) for n in (text or "").split(",") if n.strip().isdigit() and int(n))
+    items = (_integer(n, prefixed=False) for n in (text or "").split(","))
+    counts = tuple(n for n in items if n and n > 0)
     if counts:
         return counts, f"--num_devices={text}"
     if gpus_per_worker:
@@ -325,10 +348,9 @@ def worker_counts(command: Sequence[str], minimum: int, maximum: int,
     Raises:
         ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
     """
-    text = flag_of(command, "virtual_replicas")
-    if not text or not text.strip().isdigit() or int(text) == 0:
+    virtual = _integer(flag_of(command, "virtual_replicas"))
+    if not virtual or virtual < 0:
         return None
-    virtual = int(text)
     counts, origin = devices_per_worker(command, gpus_per_worker)
     sizes = tuple(n for n in range(minimum, maximum + 1)
                   if all(virtual % (n * each) == 0 for each in counts))
