@@ -322,6 +322,10 @@ class GpuListingTest(tf.test.TestCase):
                 "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "
                 "List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")):
             gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})
+        # Spelled another way, it is the same GPU to CUDA (00,0 was given whole to a worker).
+        for visible in ("00,0", "1, 0,01"):
+            with self.assertRaisesRegex(ConfigError, "more than once", msg=visible):
+                gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": visible})
         result = subprocess.run([sys.executable, LAUNCH, "--num_workers=2", "--",
                                  sys.executable, "-c", "pass"],
                                 capture_output=True, text=True, timeout=60,

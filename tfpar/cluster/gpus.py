@@ -74,7 +74,8 @@ def gpu_listing(environ: Mapping[str, str],
         for entry in entries:
             if not entry or entry.startswith("-"):
                 break
-            if entry in shown:
+            # CUDA reads an index as a number: "00" is GPU 0 again.
+            if _same_gpu(entry) in (_same_gpu(e) for e in shown):
                 raise ConfigError(
                     f"{protocol.VISIBLE_GPUS_ENV} lists GPU {entry} more than once, so workers "
                     f"would share it. List each GPU once. Received: "
@@ -102,6 +103,12 @@ def gpu_listing(environ: Mapping[str, str],
                         f"{driver_gpus} instead: {len(listed)}.")
     return [], (f"nvidia-smi failed ({failure}), and the driver lists no GPU in {driver_gpus}: "
                 "no GPU is given.")
+
+
+def _same_gpu(entry: str) -> str:
+    """A ``CUDA_VISIBLE_DEVICES`` entry as the GPU it names (an index without its leading
+    zeros, else the UUID as given)."""
+    return str(int(entry)) if entry.isdigit() else entry
 
 
 def _driver_gpus(driver_gpus: str) -> list[str]:
