@@ -114,6 +114,15 @@ TABLE = {
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): nothing was saved in /state "
         "yet, so a rerun starts from scratch."),
+    # A user's own script that records no progress (plain Keras BackupAndRestore, no tfpar
+    # strategy) keeps its signals: the notice's SIGTERM killed it at whatever step, so 143 is
+    # its status, not 85 and "ended while starting, with nothing to save".
+    "a_notice_that_killed_a_users_script_that_records_nothing": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143,)), Progress(recorded=False),
+        dataclasses.replace(fixed(workers=1, model_dir=None), program=False), Action.EXIT, 143,
+        "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
+        "without saving: the command does not save on a notice): the training since the last "
+        "complete state is lost."),
     # The notice ended the workers before they began training (nothing recorded this round):
     # nothing was lost, and the line says their real status.
     "a_notice_while_the_workers_started": Row(

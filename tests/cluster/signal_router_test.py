@@ -170,6 +170,18 @@ class EarlyNoticeTest(absltest.TestCase):
             self.assertEqual(signal_router.is_program(argv, orig_argv), expected,
                              (argv, orig_argv))
 
+    def test_which_launched_commands_are_tfpars_programs(self):
+        # The launcher's workers: a SIGTERM status after its notice means "still starting"
+        # only for tfpar's programs; a user's own program keeps its signals.
+        for command, expected in ((["tfpar-train", "--epochs=1"], True),
+                                  (["/venv/bin/python3.11", "-um", "tfpar.cli.train"], True),
+                                  (["python", "/venv/bin/tfpar-train"], True),
+                                  (["python", "my_fit.py", "-m", "tfpar.cli.train"], False),
+                                  (["python", "-c", "import tfpar"], False),
+                                  (["bash", "-m", "tfpar.cli.train"], False),
+                                  ([], False)):
+            self.assertEqual(signal_router.command_runs_program(command), expected, command)
+
     def test_a_program_of_the_users_importing_tfpar_keeps_its_own_signals(self):
         result = self.run_program("my_train.py",
                                   os.path.join(self.folder, "stop.json"))

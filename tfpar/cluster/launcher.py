@@ -244,7 +244,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         # Where each round's chief records where it resumed and what it saved since.
         records = tempfile.mkdtemp(prefix="tfpar-progress-")
         progress = os.path.join(records, "progress.json")
-        state = JobState(slots, max_restarts, 0, model_dir)
+        state = JobState(slots, max_restarts, 0, model_dir,
+                         program=signal_router.command_runs_program(command))
         known = Progress()  # The last progress a chief recorded.
         while True:
             with contextlib.suppress(FileNotFoundError):

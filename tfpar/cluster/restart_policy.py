@@ -106,6 +106,10 @@ class JobState:
         failures: Failures counted against them at the current number of workers.
         model_dir: Where the command saves its state (``None``: it resumes by itself).
         port_attempts: Rounds in a row whose workers found a port taken.
+        program: Whether the command is one of tfpar's programs, which watch for notices from
+            their first import of tfpar: a worker the notice's SIGTERM ended had not begun
+            training where its chief recorded no progress. A user's own program keeps its
+            signals, so the notice's SIGTERM ends it without saving at any moment.
     """
 
     slots: elastic.WorkerSlots
@@ -113,6 +117,7 @@ class JobState:
     failures: int = 0
     model_dir: str | None = None
     port_attempts: int = 0
+    program: bool = True
 
 
 class Action(enum.Enum):
@@ -194,7 +199,8 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
     if result.outcome is Outcome.NOTICE:
-        status = (notice_status(list(result.statuses), started=progress.recorded)
+        status = (notice_status(list(result.statuses),
+                                started=progress.recorded or not state.program)
                   if result.statuses else result.status)
         return exit_with(status, _notice_line(result, status, progress, folder, slots))
     if progress.made:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -70,6 +71,7 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
         orig_argv: ``sys.orig_argv`` (the interpreter's own arguments, ``-m`` included).
     """
     options = iter(orig_argv[1:])  # The interpreter's options, up to its script or -m/-c.
+    script = None
     for option in options:
         if option == "--check-hash-based-pycs":
             next(options, None)  # Its value.
@@ -77,7 +79,8 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
         if option.startswith("--"):
             continue
         if not option.startswith("-") or option == "-":
-            break  # The script: argv[0].
+            script = option  # The script: argv[0].
+            break
         # Short options combine as CPython reads them ("-um X", "-Bu -m X", "-uWignore"): -c,
         # -m, -W and -X take the rest of the word as their value, else the next word.
         for at, letter in enumerate(option[1:], start=2):
@@ -88,14 +91,28 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
                 if letter == "c":
                     return False
                 break
-    if not argv or not argv[0]:
+    path = argv[0] if argv and argv[0] else script
+    if not path:
         return False
-    if os.path.basename(argv[0]) in PROGRAMS:
+    if os.path.basename(path) in PROGRAMS:
         return True
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     scripts = {os.path.realpath(os.path.join(root, "scripts", name))
                for name in _CHECKOUT_SCRIPTS}
-    return os.path.realpath(argv[0]) in scripts
+    return os.path.realpath(path) in scripts
+
+
+def command_runs_program(command: Sequence[str]) -> bool:
+    """Whether a command line (the launcher's workers') runs one of tfpar's programs, which
+    record notices from their first import of tfpar: ``tfpar-X ...``, or a Python interpreter
+    running one (``python -m tfpar.cli.X``, a console script, a checkout's ``scripts/X.py``).
+    Anything else (a user's program, a wrapper) keeps its own signals."""
+    if not command:
+        return False
+    name = os.path.basename(command[0])
+    if name in PROGRAMS:
+        return True
+    return bool(re.fullmatch(r"python[0-9.]*", name)) and is_program([], command)
 
 
 def record_early() -> bool:
