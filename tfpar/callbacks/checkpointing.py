@@ -289,9 +289,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._last_number = number
         # Committed: the notice (for its line and stop record, should its grace budget run out
         # during the clean-up below) and the launcher learn of it now.
-        preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
+        # Both at once: a grace budget spent in between would end the process with its stop
+        # record naming this state and the launcher's progress record the one before.
+        with preemption.NOTICE.telling():
+            preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
+            if self._chief:
+                protocol.record_progress(self.directory, saved=(epochs, steps))
         if self._chief:
-            protocol.record_progress(self.directory, saved=(epochs, steps))
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
