@@ -123,6 +123,18 @@ TABLE = {
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): the training since the last "
         "complete state is lost."),
+    # A notice the launcher took while no worker ran (looking for GPUs, between rounds): no
+    # worker exited with anything ("the workers exited with 85" was said).
+    "a_notice_while_no_worker_ran": Row(
+        RoundResult(Outcome.NOTICE, 85, workers_ran=False), Progress(recorded=False),
+        fixed(max_restarts=3),
+        Action.EXIT, 85, "launcher: preempted; exiting with 85: no worker was running."),
+    "a_notice_between_rounds": Row(
+        RoundResult(Outcome.NOTICE, 85, workers_ran=False),
+        Progress((2, 0), (2, 0), recorded=False),
+        fixed(max_restarts=3), Action.EXIT, 85,
+        "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state: no worker "
+        "was running."),
     # The notice ended the workers before they began training (nothing recorded this round):
     # nothing was lost, and the line says their real status.
     "a_notice_while_the_workers_started": Row(

@@ -283,7 +283,7 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
         return RoundResult(Outcome.INTERRUPTED, ExitStatus.INTERRUPTED)
     group.say("launcher: preemption notice while no worker was running; the saved state is "
               "where a rerun resumes.")
-    return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED)
+    return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED, workers_ran=False)
 
 
 def progress_of(record: protocol.ProgressRecord | None) -> Progress:

@@ -67,6 +67,9 @@ class RoundResult:
     statuses: tuple[int, ...] = ()
     """After a notice or a worker's preemption: every worker's normalised status, by rank
     (empty: only :attr:`status` is known)."""
+    workers_ran: bool = True
+    """Whether the round started workers (``False``: the launcher took a signal while none
+    was running, between rounds or before the first)."""
 
     @property
     def blamed(self) -> int:
@@ -303,6 +306,8 @@ def _notice_line(result: RoundResult, status: int, progress: Progress, folder: s
         return (f"launcher: preempted; the workers exited with {status}"
                 + (f" ({why})" if why else "") + f": {lost}.")
     saved = f", the state saved at {where}" if where else ""
+    if not result.workers_ran:  # Taken between rounds (or before the first).
+        return f"launcher: preempted; exiting with {status}{saved}: no worker was running."
     starting = [rank for rank, s in enumerate(result.statuses) if s == _ENDED_BY_THE_NOTICE]
     if not starting:
         return f"launcher: preempted; the workers exited with {status}{saved}."
