@@ -299,6 +299,20 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(launcher.worker_counts(
             ["t", "--virtual_replicas=4", "--num_devices=2"], 1, 2), (1, 2))
 
+    def test_cpu_workers_do_not_wait_for_the_hosts_gpus_to_be_listed(self):
+        # --gpus_per_worker=0: nvidia-smi (up to 30 s, a notice waiting for it; a failure
+        # line) and CUDA_VISIBLE_DEVICES (0,0 was refused) are not the job's; every worker
+        # gets CUDA_VISIBLE_DEVICES empty, as before.
+        out = io.StringIO()
+        with mock.patch.object(launcher.gpus_lib, "gpu_listing",
+                               side_effect=AssertionError("the host's GPUs were listed")), \
+                mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "0,0"}):
+            status = launcher.launch(
+                [sys.executable, "-c",
+                 "import os, sys; sys.exit(os.environ['CUDA_VISIBLE_DEVICES'] != '')"], 2,
+                out=out, network="host", gpus_per_worker=0)
+        self.assertEqual(status, 0, out.getvalue())
+
     def test_a_world_size_invariant_job_reads_the_flags_as_its_workers_do(self):
         # The workers' absl flags: the last of a repeated flag wins, one dash is a flag too,
         # and integers take a sign or a base prefix. 4 workers of 2 devices each under V=4

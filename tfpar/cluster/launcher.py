@@ -224,9 +224,15 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
         minimum = num_workers if min_workers is None else min_workers
-        host_gpus, listing_note = ((list(gpus), None) if gpus is not None
-                                   else gpus_lib.gpu_listing(os.environ))
-        given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
+        if gpus_per_worker == 0 and gpus is None:
+            # CPU workers: the host's GPUs are hidden from them, not listed (nvidia-smi can
+            # take 30 s, which a notice would wait for; CUDA_VISIBLE_DEVICES is not theirs).
+            listing_note = None
+            given, idle = {slot: "" for slot in range(num_workers)}, None
+        else:
+            host_gpus, listing_note = ((list(gpus), None) if gpus is not None
+                                       else gpus_lib.gpu_listing(os.environ))
+            given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
         # The replicas of a worker: its devices, which its command's flags or its GPU share
         # give (checked before any worker starts).
         slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
