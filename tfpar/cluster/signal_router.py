@@ -44,7 +44,7 @@ _early_replaced: dict[int, Any] = {}  # The handlers the early recording replace
 PROGRAMS = ("tfpar-train", "tfpar-launch", "tfpar-benchmark", "tfpar-env")
 """tfpar's console programs, which record notices from their first import of tfpar."""
 _PROGRAM_MODULES = tuple(f"tfpar.cli.{name.split('-')[1]}" for name in PROGRAMS)
-_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's scripts/.
+_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's programs.
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """The notices recorded early: those every program watches until it reads its flags."""
 _listeners: list[Callable[[int], None]] = []
@@ -64,7 +64,7 @@ def _record_early(signum, frame) -> None:
 
 def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """Whether this process runs one of tfpar's programs: a console script of
-    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's ``scripts/X.py``.
+    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's own program files.
 
     Args:
         argv: ``sys.argv``.
@@ -105,7 +105,7 @@ def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
 def command_runs_program(command: Sequence[str]) -> bool:
     """Whether a command line (the launcher's workers') runs one of tfpar's programs, which
     record notices from their first import of tfpar: ``tfpar-X ...``, or a Python interpreter
-    running one (``python -m tfpar.cli.X``, a console script, a checkout's ``scripts/X.py``).
+    running one (``python -m tfpar.cli.X``, a console script, a checkout's own program file).
     Anything else (a user's program, a wrapper) keeps its own signals."""
     if not command:
         return False
