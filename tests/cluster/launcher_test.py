@@ -332,6 +332,14 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                         ["t", "--virtual_replicas=4", "--devices=CPU:0,CPU:1", "--devices="]):
             self.assertEqual(launcher.worker_counts(command, 4, 4), (4,), command)
         self.assertEqual(launcher.model_dir_of(["t", "--model_dir=a", "--model_dir=b"]), "b")
+        # absl's --flagfile: its flags, in its place.
+        flagfile = os.path.join(self.get_temp_dir(), "job.flags")
+        with open(flagfile, "w") as f:
+            f.write("# The job's flags\n--virtual_replicas=4\n--num_devices=2\n")
+        with self.assertRaisesRegex(ConfigError, r"4 workers of 2 devices \(--num_devices=2\)"):
+            launcher.worker_counts(["t", f"--flagfile={flagfile}"], 4, 4)
+        self.assertEqual(launcher.worker_counts(
+            ["t", "--flagfile", flagfile, "--num_devices=1"], 4, 4), (4,))
         self.assertEqual(launcher.model_dir_of(["uv", "run", "--", "t", "-model_dir=c"]), "c")
         self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
                          (1, 2, 4))

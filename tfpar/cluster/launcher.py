@@ -91,7 +91,7 @@ def flag_of(command: Sequence[str], name: str) -> str | None:
     ``--name V`` or with one dash (``-name=V``), the last one given winning (a wrapper's ``--``,
     as in ``uv run -- python t.py``, is looked past)."""
     value = None
-    args = iter(command)
+    args = iter(_with_flagfiles(command))
     for arg in args:
         for dashes in ("--", "-"):
             if arg.startswith(f"{dashes}{name}="):
@@ -101,6 +101,35 @@ def flag_of(command: Sequence[str], name: str) -> str | None:
                 value = next(args, None)
                 break
     return value
+
+
+def _with_flagfiles(command: Sequence[str], depth: int = 0) -> list[str]:
+    """``command`` with each ``--flagfile=F`` replaced by the flags F holds, in place, as absl
+    reads them (one a line; ``#`` and ``//`` lines are comments; nested up to a few deep);
+    a file that cannot be read is left to the program to refuse."""
+    expanded: list[str] = []
+    args = iter(command)
+    for arg in args:
+        path = None
+        for dashes in ("--", "-"):
+            if arg.startswith(f"{dashes}flagfile="):
+                path = arg.split("=", 1)[1]
+                break
+            if arg == f"{dashes}flagfile":
+                path = next(args, None)
+                break
+        if path is None:
+            expanded.append(arg)
+            continue
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as f:
+                lines = [line.strip() for line in f]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if depth < 4:
+            expanded += _with_flagfiles([line for line in lines if line.startswith("-")],
+                                        depth + 1)
+    return expanded
 
 
 def _integer(text: str | None, prefixed: bool = True) -> int | None:
