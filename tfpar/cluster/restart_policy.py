@@ -67,6 +67,9 @@ class RoundResult:
     statuses: tuple[int, ...] = ()
     """After a notice or a worker's preemption: every worker's normalised status, by rank
     (empty: only :attr:`status` is known)."""
+    lost_by: tuple[int, ...] = ()
+    """After a preemption: the workers whose stop records say their state could not be saved
+    within the grace budget (ranks; :attr:`rank` is only the first seen to stop)."""
     workers_ran: bool = True
     """Whether the round started workers (``False``: the launcher took a signal while none
     was running, between rounds or before the first)."""
@@ -216,11 +219,14 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                  f"{'rejoins' if len(back) == 1 else 'rejoin'})")
     elif (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
           or not (max_restarts or slots.elastic)):
-        return exit_with(result.status, _lost_notice_line(result, progress, folder, slots)
-                         if result.outcome is Outcome.PREEMPTED and result.work_lost else None)
+        line = None
+        if result.outcome is Outcome.PREEMPTED:
+            line = (_lost_notice_line(result, progress, folder, slots) if result.work_lost
+                    else _saved_notice_line(result, progress, folder, slots))
+        return exit_with(result.status, line)
     elif result.outcome is Outcome.PREEMPTED and (progress.before is None or progress.made):
         preempted = ("the job was preempted after saving" if not result.work_lost else
-                     f"the job was preempted, but {_who(result.rank, slots)} could not save the "
+                     f"the job was preempted, but {_losers(result, slots)} could not save the "
                      "notice's state within the grace budget (the training since the last save "
                      "is lost)")
         which = (f"{preempted}; starting every worker again (not counted as a failure)"
@@ -287,8 +293,26 @@ def _lost_since(progress: Progress, folder: str | None) -> str:
 def _lost_notice_line(result: RoundResult, progress: Progress, folder: str | None,
                       slots: elastic.WorkerSlots) -> str:
     """The last line after a worker's own notice whose save ran out of grace."""
-    return (f"launcher: preempted; {_who(result.rank, slots)} could not save the notice's "
+    return (f"launcher: preempted; {_losers(result, slots)} could not save the notice's "
             f"state within the grace budget: {_lost_since(progress, folder)}.")
+
+
+def _losers(result: RoundResult, slots: elastic.WorkerSlots) -> str:
+    """The workers whose save ran out of grace, in words (the first seen to stop, where no
+    record names them)."""
+    return " and ".join(_who(rank, slots) for rank in (result.lost_by or (result.rank,)))
+
+
+def _saved_notice_line(result: RoundResult, progress: Progress, folder: str | None,
+                       slots: elastic.WorkerSlots) -> str:
+    """The last line after a worker's own notice, not restarted: the status, where the folder
+    resumes, and any other worker that ended otherwise than saving or finishing."""
+    where = _where(progress, folder)
+    others = [f"{_who(rank, slots)} exited with {s}" for rank, s in enumerate(result.statuses)
+              if s not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED)]
+    return (f"launcher: preempted; exiting with {result.status}"
+            + (f", the state saved at {where}" if where else "")
+            + (f" ({', '.join(others)})" if others else "") + ".")
 
 
 def _notice_line(result: RoundResult, status: int, progress: Progress, folder: str | None,
