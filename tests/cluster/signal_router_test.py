@@ -179,6 +179,9 @@ class EarlyNoticeTest(absltest.TestCase):
                                   (["python", "my_fit.py", "-m", "tfpar.cli.train"], False),
                                   (["python", "-c", "import tfpar"], False),
                                   (["bash", "-m", "tfpar.cli.train"], False),
+                                  (["env", "A=1", "python3", "-m", "tfpar.cli.train"], True),
+                                  (["uv", "run", "--", "tfpar-train", "--epochs=1"], True),
+                                  (["python", "my.py", "--then", "tfpar-train"], False),
                                   ([], False)):
             self.assertEqual(signal_router.command_runs_program(command), expected, command)
 

@@ -106,13 +106,16 @@ def command_runs_program(command: Sequence[str]) -> bool:
     """Whether a command line (the launcher's workers') runs one of tfpar's programs, which
     record notices from their first import of tfpar: ``tfpar-X ...``, or a Python interpreter
     running one (``python -m tfpar.cli.X``, a console script, a checkout's own program file).
-    Anything else (a user's program, a wrapper) keeps its own signals."""
-    if not command:
-        return False
-    name = os.path.basename(command[0])
-    if name in PROGRAMS:
-        return True
-    return bool(re.fullmatch(r"python[0-9.]*", name)) and is_program([], command)
+    A wrapper before it (``env X=1``, ``uv run --``, ``srun``) is looked past: the first
+    word that is one of tfpar's programs or a Python interpreter decides. Anything else (a
+    user's program) keeps its own signals."""
+    for at, word in enumerate(command):
+        name = os.path.basename(word)
+        if name in PROGRAMS:
+            return True
+        if re.fullmatch(r"python[0-9.]*", name):
+            return is_program([], command[at:])
+    return False
 
 
 def record_early() -> bool:
