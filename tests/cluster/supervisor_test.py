@@ -341,6 +341,20 @@ class GpuListingTest(tf.test.TestCase):
             [], "nvidia-smi failed (exit status 1: Failed to initialize NVML: Driver/library "
                 f"version mismatch), and the driver lists no GPU in {none}: no GPU is given."))
 
+    def test_an_nvidia_smi_ended_by_a_signal_is_said_so(self):
+        # A scheduler's SIGTERM to the launcher's process group ends nvidia-smi too: not an
+        # "exit status -15".
+        path = os.path.join(self.get_temp_dir(), "bin", "nvidia-smi")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nkill -TERM $$\n")
+        os.chmod(path, 0o755)
+        none = os.path.join(self.get_temp_dir(), "missing")
+        self.assertEqual(gpus.gpu_listing({}, which=lambda _: path, driver_gpus=none)[1],
+                         "nvidia-smi failed (ended by signal 15, as by a notice or Ctrl-C to "
+                         "the launcher's process group), and the driver lists no GPU in "
+                         f"{none}: no GPU is given.")
+
     def test_a_gpu_listed_twice_is_refused_in_one_line(self):
         with self.assertRaisesRegex(ConfigError, re.escape(
                 "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "

@@ -96,7 +96,9 @@ def gpu_listing(environ: Mapping[str, str],
         if done.returncode == 0:
             return listed_gpus(done.stdout), None
         said = (done.stderr or done.stdout).strip().splitlines()
-        failure = f"exit status {done.returncode}" + (f": {said[0].strip()}" if said else "")
+        failure = (f"exit status {done.returncode}" if done.returncode > 0 else
+                   f"ended by signal {-done.returncode}, as by a notice or Ctrl-C to the "
+                   "launcher's process group") + (f": {said[0].strip()}" if said else "")
     listed = _driver_gpus(driver_gpus)
     if listed:
         return listed, (f"nvidia-smi failed ({failure}); counting the GPUs the driver lists in "
