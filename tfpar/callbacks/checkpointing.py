@@ -357,8 +357,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
             last = self._manager.latest_checkpoint
             tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
                      else None)
-            if tasks == [] and "://" in e.message and not failures.collectives_aborted(
-                    e.message):
+            message = e.message if isinstance(e, tf.errors.OpError) else ""
+            if tasks == [] and "://" in message and not failures.collectives_aborted(message):
                 tasks = None  # A storage service's connection (gs://, s3://), not a peer.
             if tasks is not None:  # A peer that stopped aborted the save's collectives.
                 kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
