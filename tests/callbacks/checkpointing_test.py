@@ -111,6 +111,21 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual((raised.exception.exit_status, raised.exception.unresponsive),
                          (69, (1,)))
 
+    def test_a_save_whose_storage_connection_fails_is_not_a_lost_peer(self):
+        # A storage service's connection reset (a bucket's), naming no task and no aborted
+        # collective: the state was not saved, but no peer stopped answering (it said "A peer
+        # worker stopped answering" and exited 69).
+        directory, checkpoint = self.saved_once()
+
+        def storage_reset(checkpoint_number):
+            raise tf.errors.UnavailableError(
+                None, None, "Error writing gs://bucket/run/ckpt-2.index: Connection reset by "
+                "peer")
+
+        checkpoint._manager.save = storage_reset
+        with self.assertRaisesRegex(StateNotSavedError, "Connection reset by peer"):
+            checkpoint.on_epoch_end(1, {"loss": 1.2})
+
     def test_the_notice_learns_of_a_save_at_its_commit_before_the_clean_up(self):
         # Were the grace budget to run out while old copies are pruned, the notice must
         # already name the state just committed, where the folder resumes.

@@ -298,6 +298,49 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 launcher.launch(command, 4, out=io.StringIO(), network="host", gpus=gpus)
         self.assertEqual(launcher.worker_counts(
             ["t", "--virtual_replicas=4", "--num_devices=2"], 1, 2), (1, 2))
+
+    def test_cpu_workers_do_not_wait_for_the_hosts_gpus_to_be_listed(self):
+        # --gpus_per_worker=0: nvidia-smi (up to 30 s, a notice waiting for it; a failure
+        # line) and CUDA_VISIBLE_DEVICES (0,0 was refused) are not the job's; every worker
+        # gets CUDA_VISIBLE_DEVICES empty, as before.
+        out = io.StringIO()
+        with mock.patch.object(launcher.gpus_lib, "gpu_listing",
+                               side_effect=AssertionError("the host's GPUs were listed")), \
+                mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "0,0"}):
+            status = launcher.launch(
+                [sys.executable, "-c",
+                 "import os, sys; sys.exit(os.environ['CUDA_VISIBLE_DEVICES'] != '')"], 2,
+                out=out, network="host", gpus_per_worker=0)
+        self.assertEqual(status, 0, out.getvalue())
+
+    def test_a_world_size_invariant_job_reads_the_flags_as_its_workers_do(self):
+        # The workers' absl flags: the last of a repeated flag wins, one dash is a flag too,
+        # and integers take a sign or a base prefix. 4 workers of 2 devices each under V=4
+        # passed the launcher and every worker exited 2.
+        for command in (["t", "--virtual_replicas=4", "--num_devices=1", "--num_devices=2"],
+                        ["t", "--virtual_replicas=4", "-num_devices=2"],
+                        ["t", "--virtual_replicas=4", "-num_devices", "2"],
+                        ["t", "--virtual_replicas=4", "--num_devices=+2"],
+                        ["t", "--virtual_replicas=+4", "--num_devices=2"],
+                        ["t", "--virtual_replicas=0x4", "--num_devices=2"],
+                        ["t", "-virtual_replicas", "4", "--devices=CPU:0",
+                         "--devices=CPU:0,CPU:1"]):
+            with self.assertRaisesRegex(ConfigError, "4 workers of 2 devices", msg=command):
+                launcher.worker_counts(command, 4, 4)
+        # ... and a job its workers run is not refused.
+        for command in (["t", "--virtual_replicas=4", "--num_devices=2", "--num_devices=1"],
+                        ["t", "--virtual_replicas=4", "--devices=CPU:0,CPU:1", "--devices="]):
+            self.assertEqual(launcher.worker_counts(command, 4, 4), (4,), command)
+        self.assertEqual(launcher.model_dir_of(["t", "--model_dir=a", "--model_dir=b"]), "b")
+        # absl's --flagfile: its flags, in its place.
+        flagfile = os.path.join(self.get_temp_dir(), "job.flags")
+        with open(flagfile, "w") as f:
+            f.write("# The job's flags\n--virtual_replicas=4\n--num_devices=2\n")
+        with self.assertRaisesRegex(ConfigError, r"4 workers of 2 devices \(--num_devices=2\)"):
+            launcher.worker_counts(["t", f"--flagfile={flagfile}"], 4, 4)
+        self.assertEqual(launcher.worker_counts(
+            ["t", "--flagfile", flagfile, "--num_devices=1"], 4, 4), (4,))
+        self.assertEqual(launcher.model_dir_of(["uv", "run", "--", "t", "-model_dir=c"]), "c")
         self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
                          (1, 2, 4))
 

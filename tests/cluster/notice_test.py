@@ -120,6 +120,7 @@ class NoticeProcessTest(tf.test.TestCase):
         record = os.path.join(self.get_temp_dir(), "stop.json")
         result = run("""
             import os, signal, time
+            import tensorflow as tf
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGTERM], 20)
             preemption.NOTICE.saved("epoch 2 step 3 in /runs/x", (1, 3))
@@ -142,6 +143,7 @@ class NoticeProcessTest(tf.test.TestCase):
         record = os.path.join(self.get_temp_dir(), "stop.json")
         result = run("""
             import os, signal, time
+            import tensorflow as tf
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
             preemption.NOTICE.training(True)  # A loop that never reaches its step boundary.
@@ -163,6 +165,7 @@ class NoticeProcessTest(tf.test.TestCase):
         record = os.path.join(self.get_temp_dir(), "stop.json")
         result = run("""
             import os, signal, time
+            import tensorflow as tf
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
             preemption.NOTICE.training(True)
@@ -179,6 +182,45 @@ class NoticeProcessTest(tf.test.TestCase):
         with open(record) as f:
             stop = json.load(f)
         self.assertEqual((stop["work_lost"], stop["position"]), (False, [1, 3]))
+
+    def test_a_budget_spent_while_the_launcher_is_told_of_a_commit_waits_for_it(self):
+        # The notice's state (epoch 2 step 3) is committed and the notice knows it; the budget
+        # runs out while the chief writes the launcher's progress record (a slow disk). The
+        # process ended between the two: its stop record said epoch 2 step 3, nothing lost,
+        # and the launcher's progress record still epoch 1, the line it prints.
+        record = os.path.join(self.get_temp_dir(), "stop.json")
+        progress = os.path.join(self.get_temp_dir(), "progress.json")
+        directory = os.path.join(self.get_temp_dir(), "state")
+        result = run(f"""
+            import os, signal, time
+            import tensorflow as tf
+            from tfpar import testing
+            from tfpar.callbacks import checkpointing
+            from tfpar.cluster import preemption
+            model = testing.tiny_model()
+            checkpoint = checkpointing.EpochCheckpoint(
+                {directory!r}, model, tf.distribute.get_strategy())
+            checkpoint.set_model(model)
+            checkpoint.on_epoch_end(0, {{"loss": 1.5}})  # Epoch 1, as the launcher knows.
+            recorded = checkpointing.protocol.record_progress
+
+            def slow_record(*args, **kwargs):
+                time.sleep(1.5)  # Past the budget.
+                recorded(*args, **kwargs)
+
+            checkpointing.protocol.record_progress = slow_record
+            preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
+            preemption.NOTICE.training(True)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            preemption.NOTICE.stop_at((1, 3))  # The step the job agreed on.
+            checkpoint.save_inside_epoch(1, 3)
+            time.sleep(30)  # Pruning, past the budget.
+            """, **{protocol.STOP_RECORD_ENV: record, protocol.PROGRESS_RECORD_ENV: progress})
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
+        with open(record) as f:
+            stop = json.load(f)
+        self.assertEqual((stop["work_lost"], stop["position"]), (False, [1, 3]), stop)
+        self.assertEqual(protocol.ProgressRecord.read(progress).saved, (1, 3))
 
 
 class LauncherHandOverTest(tf.test.TestCase):

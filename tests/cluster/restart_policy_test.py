@@ -78,8 +78,15 @@ TABLE = {
         fixed(max_restarts=1, failures=1), Action.START, 0,
         "launcher: the job was preempted after saving; starting every worker again (not counted "
         "as a failure), resuming from epoch 2 step 4 in /state.", [0, 1], 1),
+    # A worker's own notice, saved, not restarted: the last line says the status and where
+    # the folder resumes (it was "worker 1 stopped for a preemption notice ...; waiting").
     "a_preemption_without_restarts_exits_85": Row(
-        RoundResult(Outcome.PREEMPTED, 85, 1), SAVED, fixed(), Action.EXIT, 85, None),
+        RoundResult(Outcome.PREEMPTED, 85, 1), SAVED, fixed(), Action.EXIT, 85,
+        "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state."),
+    "a_preemption_without_restarts_a_worker_killed_past_the_grace": Row(
+        RoundResult(Outcome.PREEMPTED, 85, 1, statuses=(137, 85)), SAVED, fixed(), Action.EXIT,
+        85, "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state "
+            "(worker 0 exited with 137)."),
     "a_preemption_that_saved_nothing_counts_as_a_failure": Row(
         RoundResult(Outcome.PREEMPTED, 85, 1), NOTHING_NEW, fixed(max_restarts=1), Action.START,
         0, "launcher: restart 1 of 1: starting every worker again, resuming from epoch 2 in "
@@ -114,6 +121,27 @@ TABLE = {
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): nothing was saved in /state "
         "yet, so a rerun starts from scratch."),
+    # A user's own script that records no progress (plain Keras BackupAndRestore, no tfpar
+    # strategy) keeps its signals: the notice's SIGTERM killed it at whatever step, so 143 is
+    # its status, not 85 and "ended while starting, with nothing to save".
+    "a_notice_that_killed_a_users_script_that_records_nothing": Row(
+        RoundResult(Outcome.NOTICE, 85, statuses=(143,)), Progress(recorded=False),
+        dataclasses.replace(fixed(workers=1, model_dir=None), program=False), Action.EXIT, 143,
+        "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
+        "without saving: the command does not save on a notice): the training since the last "
+        "complete state is lost."),
+    # A notice the launcher took while no worker ran (looking for GPUs, between rounds): no
+    # worker exited with anything ("the workers exited with 85" was said).
+    "a_notice_while_no_worker_ran": Row(
+        RoundResult(Outcome.NOTICE, 85, workers_ran=False), Progress(recorded=False),
+        fixed(max_restarts=3),
+        Action.EXIT, 85, "launcher: preempted; exiting with 85: no worker was running."),
+    "a_notice_between_rounds": Row(
+        RoundResult(Outcome.NOTICE, 85, workers_ran=False),
+        Progress((2, 0), (2, 0), recorded=False),
+        fixed(max_restarts=3), Action.EXIT, 85,
+        "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state: no worker "
+        "was running."),
     # The notice ended the workers before they began training (nothing recorded this round):
     # nothing was lost, and the line says their real status.
     "a_notice_while_the_workers_started": Row(
@@ -130,6 +158,13 @@ TABLE = {
         "within the grace budget (the training since the last save is lost); starting every "
         "worker again (not counted as a failure), resuming from epoch 2 in /state.", [0, 1],
         0),
+    # Worker 1 was seen to stop first (its notice, saved in time); the chief's save of it ran
+    # out of grace: the line names the worker whose record says so, not the first seen.
+    "a_chiefs_save_ran_out_of_grace_after_a_peer_stopped": Row(
+        RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(85, 85), lost_by=(0,)),
+        Progress((1, 0), (2, 0)), fixed(), Action.EXIT, 85,
+        "launcher: preempted; worker 0 could not save the notice's state within the grace "
+        "budget: a rerun resumes at epoch 2 in /state, and the training since is lost."),
     "a_workers_notice_whose_save_ran_out_of_grace_without_restarts": Row(
         RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(69, 85)),
         Progress((1, 0), (2, 0)), fixed(), Action.EXIT, 85,

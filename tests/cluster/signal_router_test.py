@@ -150,6 +150,15 @@ class EarlyNoticeTest(absltest.TestCase):
                 (["/venv/bin/tfpar-train"], [python, "/venv/bin/tfpar-train"], True),
                 (["-m"], [python, "-X", "importtime", "-m", "tfpar.cli.launch"], True),
                 (["-m"], [python, "-mtfpar.cli.env"], True),
+                # Short options combined, as CPython reads them.
+                (["-m"], [python, "-um", "tfpar.cli.train"], True),
+                (["-m"], [python, "-Bum", "tfpar.cli.launch"], True),
+                (["-m"], [python, "-uWignore", "-m", "tfpar.cli.train"], True),
+                (["-m"], [python, "-uW", "ignore", "-m", "tfpar.cli.train"], True),
+                (["-m"], [python, "-uXdev", "-mtfpar.cli.train"], True),
+                (["-m"], [python, "-um", "pytest"], False),
+                (["-c"], [python, "-uc", "import tfpar"], False),
+                (["/venv/bin/tfpar-train"], [python, "-u", "/venv/bin/tfpar-train"], True),
                 (["-m"], [python, "-m", "pytest", "tests"], False),
                 (["-c"], [python, "-c", "import tfpar"], False),
                 (["my.py"], [python, "my.py", "-m", "tfpar.cli.train"], False),
@@ -160,6 +169,21 @@ class EarlyNoticeTest(absltest.TestCase):
                  == os.path.join(os.path.realpath(ROOT), "scripts", "train.py"))):
             self.assertEqual(signal_router.is_program(argv, orig_argv), expected,
                              (argv, orig_argv))
+
+    def test_which_launched_commands_are_tfpars_programs(self):
+        # The launcher's workers: a SIGTERM status after its notice means "still starting"
+        # only for tfpar's programs; a user's own program keeps its signals.
+        for command, expected in ((["tfpar-train", "--epochs=1"], True),
+                                  (["/venv/bin/python3.11", "-um", "tfpar.cli.train"], True),
+                                  (["python", "/venv/bin/tfpar-train"], True),
+                                  (["python", "my_fit.py", "-m", "tfpar.cli.train"], False),
+                                  (["python", "-c", "import tfpar"], False),
+                                  (["bash", "-m", "tfpar.cli.train"], False),
+                                  (["env", "A=1", "python3", "-m", "tfpar.cli.train"], True),
+                                  (["uv", "run", "--", "tfpar-train", "--epochs=1"], True),
+                                  (["python", "my.py", "--then", "tfpar-train"], False),
+                                  ([], False)):
+            self.assertEqual(signal_router.command_runs_program(command), expected, command)
 
     def test_a_program_of_the_users_importing_tfpar_keeps_its_own_signals(self):
         result = self.run_program("my_train.py",

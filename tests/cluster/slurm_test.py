@@ -117,6 +117,24 @@ class SlurmTest(tf.test.TestCase, parameterized.TestCase):
                          ["n1", "n2", "m5", "o03", "o04", "o6"])
         self.assertEqual(slurm.local_id(srun_environment(rank=1, SLURM_LOCALID="0")), 0)
 
+    def test_an_empty_slurm_localid_is_a_missing_one(self):
+        # A scheduler (or a container's env file) that sets SLURM_LOCALID= empty: the share
+        # comes from the task's place, as without it (it was silently not pinned at all).
+        smi = os.path.dirname(stand_in_nvidia_smi(self.get_temp_dir(), 4))
+        environ = srun_environment(rank=1, SLURM_LOCALID="")
+        with mock.patch.dict(os.environ, {"PATH": smi}):
+            self.assertEqual(slurm.pin_gpus(environ), "2,3")
+        self.assertEqual(slurm.local_id(srun_environment(rank=1, SLURM_LOCALID=" ")), 1)
+
+    def test_a_host_list_tensorflow_refuses_is_refused(self):
+        # "n[1-2]-ib" was read as three hosts, n1, n2 and "-ib", where TensorFlow's resolver
+        # refuses it: a task's place (so its GPU share) came from a host list that is not
+        # the step's.
+        for text in ("n[1-2]-ib", "n[1-2]x[3-4]", "a-b[1-2]c", "n[1-2"):
+            with self.assertRaises(ClusterError, msg=text):
+                slurm.expand_hostlist(text)
+        self.assertEqual(slurm.expand_hostlist("gpu-[1-2],a"), ["gpu-1", "gpu-2", "a"])
+
     def test_the_train_command_pins_and_counts_them_before_tensorflow_starts(self):
         # The order that matters: CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first
         # lists the GPUs; the share is set while the flags become a config, before any import.

@@ -146,7 +146,7 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
             f"{model_dir} holds.",
             "launcher: preemption notice while no worker was running; the saved state is where "
             "a rerun resumes.",
-            "launcher: preempted; the workers exited with 85."])
+            "launcher: preempted; exiting with 85: no worker was running."])
 
     def test_a_notice_while_the_launcher_looks_for_gpus_exits_85_before_any_worker(self):
         def slow_nvidia_smi(environ):
@@ -171,11 +171,16 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
             os.kill(os.getpid(), signal.SIGTERM)  # Before any of them watches for notices.
             return processes
 
+        # A stand-in for tfpar's program (named as its console script), which watches for
+        # notices from its first import of tfpar: its SIGTERM status is its start-up's. (A
+        # user's own program keeps its signals: its 143 is its status, at any moment.)
+        program = os.path.join(self.get_temp_dir(), "tfpar-train")
+        with open(program, "w") as f:
+            f.write("import time\ntime.sleep(60)\n")
         out = io.StringIO()
         began = time.monotonic()
         with mock.patch.object(worker_group.WorkerGroup, "_start", start_then_notice):
-            status = launcher.launch([sys.executable, "-c", "import time; time.sleep(60)"], 2,
-                                     out=out)
+            status = launcher.launch([sys.executable, program], 2, out=out)
         self.assertEqual(status, 85, out.getvalue())
         self.assertLess(time.monotonic() - began, 50)  # Not the workers' 60 s.
         self.assertEqual(launcher_lines(out.getvalue()), [
@@ -183,6 +188,25 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
             "launcher: preempted; exiting with 85: worker 0 and worker 1 were ended by the "
             "notice while starting (exit 143), before they watched for notices, with nothing "
             "to save."])
+
+    def test_a_notice_that_kills_a_users_program_says_its_status(self):
+        start = worker_group.WorkerGroup._start
+
+        def start_then_notice(group, *args):
+            processes = start(group, *args)
+            time.sleep(2)  # Under way, as a user's script training without saving on notices.
+            os.kill(os.getpid(), signal.SIGTERM)
+            return processes
+
+        out = io.StringIO()
+        with mock.patch.object(worker_group.WorkerGroup, "_start", start_then_notice):
+            status = launcher.launch([sys.executable, "-c", "import time; time.sleep(60)"], 2,
+                                     out=out)
+        self.assertEqual(status, 143, out.getvalue())
+        self.assertEqual(launcher_lines(out.getvalue())[-1],
+                         "launcher: preempted; the workers exited with 143 (ended by the "
+                         "notice's SIGTERM without saving: the command does not save on a "
+                         "notice): the training since the last complete state is lost.")
 
 
 class SecondNoticeTest(tf.test.TestCase):
@@ -324,11 +348,29 @@ class GpuListingTest(tf.test.TestCase):
             [], "nvidia-smi failed (exit status 1: Failed to initialize NVML: Driver/library "
                 f"version mismatch), and the driver lists no GPU in {none}: no GPU is given."))
 
+    def test_an_nvidia_smi_ended_by_a_signal_is_said_so(self):
+        # A scheduler's SIGTERM to the launcher's process group ends nvidia-smi too: not an
+        # "exit status -15".
+        path = os.path.join(self.get_temp_dir(), "bin", "nvidia-smi")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nkill -TERM $$\n")
+        os.chmod(path, 0o755)
+        none = os.path.join(self.get_temp_dir(), "missing")
+        self.assertEqual(gpus.gpu_listing({}, which=lambda _: path, driver_gpus=none)[1],
+                         "nvidia-smi failed (ended by signal 15, as by a notice or Ctrl-C to "
+                         "the launcher's process group), and the driver lists no GPU in "
+                         f"{none}: no GPU is given.")
+
     def test_a_gpu_listed_twice_is_refused_in_one_line(self):
         with self.assertRaisesRegex(ConfigError, re.escape(
                 "CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers would share it. "
                 "List each GPU once. Received: CUDA_VISIBLE_DEVICES='0,0'.")):
             gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})
+        # Spelled another way, it is the same GPU to CUDA (00,0 was given whole to a worker).
+        for visible in ("00,0", "1, 0,01"):
+            with self.assertRaisesRegex(ConfigError, "more than once", msg=visible):
+                gpus.visible_gpus({"CUDA_VISIBLE_DEVICES": visible})
         assert_launch_refuses(
             self, ["--num_workers=2"], "0,0",
             "Error: CUDA_VISIBLE_DEVICES lists GPU 0 more than once, so workers "

@@ -82,7 +82,7 @@ class WorkerGroupTest(tf.test.TestCase):
         # lost); worker 0 then finds it gone. The round reports both, not a clean preemption.
         result, output = self.run_round("69later", "lost85")
         self.assertEqual(result, RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True,
-                                             statuses=(69, 85)))
+                                             statuses=(69, 85), lost_by=(1,)))
         self.assertIn("launcher: worker 1 stopped for a preemption notice (exit 85); waiting "
                       "for the others to save.", output)
 

@@ -353,9 +353,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._last_number = number
         # Committed: the notice (for its line and stop record, should its grace budget run out
         # during the clean-up below) and the launcher learn of it now.
-        preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
+        # Both at once: a grace budget spent in between would end the process with its stop
+        # record naming this state and the launcher's progress record the one before.
+        with preemption.NOTICE.telling():
+            preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
+            if self._chief:
+                protocol.record_progress(self.directory, saved=(epochs, steps))
         if self._chief:
-            protocol.record_progress(self.directory, saved=(epochs, steps))
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
             atomic_io.write_json(os.path.join(self.directory, self.MADE_WITH_FILE),
@@ -417,6 +421,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
             last = self._manager.latest_checkpoint
             tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
                      else None)
+            message = e.message if isinstance(e, tf.errors.OpError) else ""
+            if tasks == [] and "://" in message and not failures.collectives_aborted(message):
+                tasks = None  # A storage service's connection (gs://, s3://), not a peer.
             if tasks is not None:  # A peer that stopped aborted the save's collectives.
                 kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
                         "intact and is where a rerun resumes" if last

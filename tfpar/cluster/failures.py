@@ -13,9 +13,9 @@ import re
 
 # The phrases TensorFlow 2.16-2.21 use when a peer is lost (coordination service, collective
 # executor, gRPC).
-_PEER_LOST = ("unhealthy", "stopped sending heartbeats", "Collective ops is aborted",
-              "failed to connect to all addresses", "Socket closed", "Connection reset by peer",
-              "connection refused")
+_ABORTED = ("unhealthy", "stopped sending heartbeats", "Collective ops is aborted")
+_PEER_LOST = (*_ABORTED, "failed to connect to all addresses", "Socket closed",
+              "Connection reset by peer", "connection refused")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 
@@ -34,6 +34,14 @@ def lost_peers(message: str) -> list[str] | None:
         if f"{job} {index}" not in tasks:
             tasks.append(f"{job} {index}")
     return tasks
+
+
+def collectives_aborted(message: str) -> bool:
+    """Whether a TensorFlow error says the job's collectives were aborted (by the coordination
+    service, for a task that stopped sending heartbeats), rather than only that a connection
+    failed, which a storage service's can too."""
+    lowered = message.lower()
+    return any(phrase.lower() in lowered for phrase in _ABORTED)
 
 
 def worker_indices(tasks: list[str]) -> tuple[int, ...]:

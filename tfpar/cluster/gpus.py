@@ -74,7 +74,8 @@ def gpu_listing(environ: Mapping[str, str],
         for entry in entries:
             if not entry or entry.startswith("-"):
                 break
-            if entry in shown:
+            # CUDA reads an index as a number: "00" is GPU 0 again.
+            if _same_gpu(entry) in (_same_gpu(e) for e in shown):
                 raise ConfigError(
                     f"{protocol.VISIBLE_GPUS_ENV} lists GPU {entry} more than once, so workers "
                     f"would share it. List each GPU once. Received: "
@@ -95,13 +96,21 @@ def gpu_listing(environ: Mapping[str, str],
         if done.returncode == 0:
             return listed_gpus(done.stdout), None
         said = (done.stderr or done.stdout).strip().splitlines()
-        failure = f"exit status {done.returncode}" + (f": {said[0].strip()}" if said else "")
+        failure = (f"exit status {done.returncode}" if done.returncode > 0 else
+                   f"ended by signal {-done.returncode}, as by a notice or Ctrl-C to the "
+                   "launcher's process group") + (f": {said[0].strip()}" if said else "")
     listed = _driver_gpus(driver_gpus)
     if listed:
         return listed, (f"nvidia-smi failed ({failure}); counting the GPUs the driver lists in "
                         f"{driver_gpus} instead: {len(listed)}.")
     return [], (f"nvidia-smi failed ({failure}), and the driver lists no GPU in {driver_gpus}: "
                 "no GPU is given.")
+
+
+def _same_gpu(entry: str) -> str:
+    """A ``CUDA_VISIBLE_DEVICES`` entry as the GPU it names (an index without its leading
+    zeros, else the UUID as given)."""
+    return str(int(entry)) if entry.isdigit() else entry
 
 
 def _driver_gpus(driver_gpus: str) -> list[str]:

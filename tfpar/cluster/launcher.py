@@ -87,13 +87,64 @@ INTERRUPTED_STATUS = ExitStatus.INTERRUPTED
 
 
 def flag_of(command: Sequence[str], name: str) -> str | None:
-    """The value of ``--name`` in a command line (``--name=V`` or ``--name V``), or ``None``."""
-    for i, arg in enumerate(command):
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1] or None
-        if arg == f"--{name}" and i + 1 < len(command):
-            return command[i + 1]
-    return None
+    """The value of ``--name`` in a command line, or ``None``, as absl reads it: ``--name=V``,
+    ``--name V`` or with one dash (``-name=V``), the last one given winning (a wrapper's ``--``,
+    as in ``uv run -- python t.py``, is looked past)."""
+    value = None
+    args = iter(_with_flagfiles(command))
+    for arg in args:
+        for dashes in ("--", "-"):
+            if arg.startswith(f"{dashes}{name}="):
+                value = arg.split("=", 1)[1] or None
+                break
+            if arg == f"{dashes}{name}":
+                value = next(args, None)
+                break
+    return value
+
+
+def _with_flagfiles(command: Sequence[str], depth: int = 0) -> list[str]:
+    """``command`` with each ``--flagfile=F`` replaced by the flags F holds, in place, as absl
+    reads them (one a line; ``#`` and ``//`` lines are comments; nested up to a few deep);
+    a file that cannot be read is left to the program to refuse."""
+    expanded: list[str] = []
+    args = iter(command)
+    for arg in args:
+        path = None
+        for dashes in ("--", "-"):
+            if arg.startswith(f"{dashes}flagfile="):
+                path = arg.split("=", 1)[1]
+                break
+            if arg == f"{dashes}flagfile":
+                path = next(args, None)
+                break
+        if path is None:
+            expanded.append(arg)
+            continue
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as f:
+                lines = [line.strip() for line in f]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if depth < 4:
+            expanded += _with_flagfiles([line for line in lines if line.startswith("-")],
+                                        depth + 1)
+    return expanded
+
+
+def _integer(text: str | None, prefixed: bool = True) -> int | None:
+    """``text`` as an integer as the programs parse it (``" 4"``, ``"+4"``; ``"0x4"`` as absl's
+    integer flags do where ``prefixed``, not as ``--num_devices``'s items), or ``None``."""
+    if text is None:
+        return None
+    text = text.strip()
+    base = 10
+    if prefixed and len(text) > 2 and text[0] == "0":
+        base = {"x": 16, "o": 8}.get(text[1], 10)
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
 
 
 def model_dir_of(command: Sequence[str]) -> str | None:
@@ -202,9 +253,15 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
         minimum = num_workers if min_workers is None else min_workers
-        host_gpus, listing_note = ((list(gpus), None) if gpus is not None
-                                   else gpus_lib.gpu_listing(os.environ))
-        given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
+        if gpus_per_worker == 0 and gpus is None:
+            # CPU workers: the host's GPUs are hidden from them, not listed (nvidia-smi can
+            # take 30 s, which a notice would wait for; CUDA_VISIBLE_DEVICES is not theirs).
+            listing_note = None
+            given, idle = {slot: "" for slot in range(num_workers)}, None
+        else:
+            host_gpus, listing_note = ((list(gpus), None) if gpus is not None
+                                       else gpus_lib.gpu_listing(os.environ))
+            given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
         # The replicas of a worker: its devices, which its command's flags or its GPU share
         # give (checked before any worker starts).
         slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
@@ -222,7 +279,8 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         # Where each round's chief records where it resumed and what it saved since.
         records = tempfile.mkdtemp(prefix="tfpar-progress-")
         progress = os.path.join(records, "progress.json")
-        state = JobState(slots, max_restarts, 0, model_dir)
+        state = JobState(slots, max_restarts, 0, model_dir,
+                         program=signal_router.command_runs_program(command))
         known = Progress()  # The last progress a chief recorded.
         while True:
             with contextlib.suppress(FileNotFoundError):
@@ -260,7 +318,7 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
         return RoundResult(Outcome.INTERRUPTED, ExitStatus.INTERRUPTED)
     group.say("launcher: preemption notice while no worker was running; the saved state is "
               "where a rerun resumes.")
-    return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED)
+    return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED, workers_ran=False)
 
 
 def progress_of(record: protocol.ProgressRecord | None) -> Progress:
@@ -302,7 +360,8 @@ def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = Non
         listed = [n.strip() for n in names.split(",") if n.strip()]
         return (len(listed),), f"--devices={','.join(listed)}"
     text = flag_of(command, "num_devices")
-    counts = tuple(int(n) for n in (text or "").split(",") if n.strip().isdigit() and int(n))
+    items = (_integer(n, prefixed=False) for n in (text or "").split(","))
+    counts = tuple(n for n in items if n and n > 0)
     if counts:
         return counts, f"--num_devices={text}"
     if gpus_per_worker:
@@ -325,10 +384,9 @@ def worker_counts(command: Sequence[str], minimum: int, maximum: int,
     Raises:
         ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
     """
-    text = flag_of(command, "virtual_replicas")
-    if not text or not text.strip().isdigit() or int(text) == 0:
+    virtual = _integer(flag_of(command, "virtual_replicas"))
+    if not virtual or virtual < 0:
         return None
-    virtual = int(text)
     counts, origin = devices_per_worker(command, gpus_per_worker)
     sizes = tuple(n for n in range(minimum, maximum + 1)
                   if all(virtual % (n * each) == 0 for each in counts))

@@ -134,6 +134,9 @@ class Notice:
         self._last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
         self._stop_position: tuple[int, int] | None = None  # Where the notice's state goes.
         self._stop_saved = False  # That state is committed: a spent budget lost nothing.
+        # Held while a committed save is made known (here and in the launcher's progress
+        # record): a spent budget waits for it, so the two name the same state.
+        self._telling = threading.Lock()
         self._training = 0  # Training loops under way that will stop at a step boundary.
         # Each watch: the signals, budget and exit choice before it, and whether it subscribed.
         self._watches: list[tuple[tuple[signal.Signals, ...], float, bool, bool]] = []
@@ -276,6 +279,14 @@ class Notice:
         if position is not None and position == self._stop_position:
             self._stop_saved = True
 
+    @contextlib.contextmanager
+    def telling(self) -> Iterator[None]:
+        """Holds off the end of a spent grace budget (at most :data:`TELLING_WAIT_SECONDS`)
+        while a committed save is made known: this notice's :meth:`saved` and the launcher's
+        progress record, so the stop record and the launcher's line name the same state."""
+        with self._telling:
+            yield
+
     def stop_at(self, position: tuple[int, int]) -> None:
         """Records the position the notice's state is saved at (the step the job agreed on),
         ``(epochs finished, steps of the next epoch)``: once :meth:`saved` reports it, the
@@ -332,6 +343,8 @@ class Notice:
         time.sleep(self.seconds_left())
         if generation != self._generation:  # Forgotten (reset) since.
             return
+        # A save being made known (committed, the launcher not yet told) is let finish.
+        self._telling.acquire(timeout=TELLING_WAIT_SECONDS)
         if not self._stopping.is_set() and self._stop_saved:
             line = (f"Preempted ({self._name}): the notice's state was saved "
                     f"({self._last_saved}, where a rerun resumes); the "
@@ -349,6 +362,10 @@ class Notice:
                                  work_lost=True)
         os._exit(PREEMPTED_EXIT_STATUS)
 
+
+TELLING_WAIT_SECONDS = 2.0
+"""How long a spent grace budget waits for a committed save to be made known (well within the
+launcher's margin before it kills a worker)."""
 
 NOTICE = Notice()
 """This process's preemption notice (see :class:`Notice`)."""

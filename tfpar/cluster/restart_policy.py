@@ -67,6 +67,12 @@ class RoundResult:
     statuses: tuple[int, ...] = ()
     """After a notice or a worker's preemption: every worker's normalised status, by rank
     (empty: only :attr:`status` is known)."""
+    lost_by: tuple[int, ...] = ()
+    """After a preemption: the workers whose stop records say their state could not be saved
+    within the grace budget (ranks; :attr:`rank` is only the first seen to stop)."""
+    workers_ran: bool = True
+    """Whether the round started workers (``False``: the launcher took a signal while none
+    was running, between rounds or before the first)."""
 
     @property
     def blamed(self) -> int:
@@ -106,6 +112,10 @@ class JobState:
         failures: Failures counted against them at the current number of workers.
         model_dir: Where the command saves its state (``None``: it resumes by itself).
         port_attempts: Rounds in a row whose workers found a port taken.
+        program: Whether the command is one of tfpar's programs, which watch for notices from
+            their first import of tfpar: a worker the notice's SIGTERM ended had not begun
+            training where its chief recorded no progress. A user's own program keeps its
+            signals, so the notice's SIGTERM ends it without saving at any moment.
     """
 
     slots: elastic.WorkerSlots
@@ -113,6 +123,7 @@ class JobState:
     failures: int = 0
     model_dir: str | None = None
     port_attempts: int = 0
+    program: bool = True
 
 
 class Action(enum.Enum):
@@ -194,7 +205,8 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     if result.outcome is Outcome.INTERRUPTED:
         return exit_with(ExitStatus.INTERRUPTED)
     if result.outcome is Outcome.NOTICE:
-        status = (notice_status(list(result.statuses), started=progress.recorded)
+        status = (notice_status(list(result.statuses),
+                                started=progress.recorded or not state.program)
                   if result.statuses else result.status)
         return exit_with(status, _notice_line(result, status, progress, folder, slots))
     if progress.made:
@@ -207,11 +219,14 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
                  f"{'rejoins' if len(back) == 1 else 'rejoin'})")
     elif (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
           or not (max_restarts or slots.elastic)):
-        return exit_with(result.status, _lost_notice_line(result, progress, folder, slots)
-                         if result.outcome is Outcome.PREEMPTED and result.work_lost else None)
+        line = None
+        if result.outcome is Outcome.PREEMPTED:
+            line = (_lost_notice_line(result, progress, folder, slots) if result.work_lost
+                    else _saved_notice_line(result, progress, folder, slots))
+        return exit_with(result.status, line)
     elif result.outcome is Outcome.PREEMPTED and (progress.before is None or progress.made):
         preempted = ("the job was preempted after saving" if not result.work_lost else
-                     f"the job was preempted, but {_who(result.rank, slots)} could not save the "
+                     f"the job was preempted, but {_losers(result, slots)} could not save the "
                      "notice's state within the grace budget (the training since the last save "
                      "is lost)")
         which = (f"{preempted}; starting every worker again (not counted as a failure)"
@@ -278,8 +293,26 @@ def _lost_since(progress: Progress, folder: str | None) -> str:
 def _lost_notice_line(result: RoundResult, progress: Progress, folder: str | None,
                       slots: elastic.WorkerSlots) -> str:
     """The last line after a worker's own notice whose save ran out of grace."""
-    return (f"launcher: preempted; {_who(result.rank, slots)} could not save the notice's "
+    return (f"launcher: preempted; {_losers(result, slots)} could not save the notice's "
             f"state within the grace budget: {_lost_since(progress, folder)}.")
+
+
+def _losers(result: RoundResult, slots: elastic.WorkerSlots) -> str:
+    """The workers whose save ran out of grace, in words (the first seen to stop, where no
+    record names them)."""
+    return " and ".join(_who(rank, slots) for rank in (result.lost_by or (result.rank,)))
+
+
+def _saved_notice_line(result: RoundResult, progress: Progress, folder: str | None,
+                       slots: elastic.WorkerSlots) -> str:
+    """The last line after a worker's own notice, not restarted: the status, where the folder
+    resumes, and any other worker that ended otherwise than saving or finishing."""
+    where = _where(progress, folder)
+    others = [f"{_who(rank, slots)} exited with {s}" for rank, s in enumerate(result.statuses)
+              if s not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED)]
+    return (f"launcher: preempted; exiting with {result.status}"
+            + (f", the state saved at {where}" if where else "")
+            + (f" ({', '.join(others)})" if others else "") + ".")
 
 
 def _notice_line(result: RoundResult, status: int, progress: Progress, folder: str | None,
@@ -297,6 +330,8 @@ def _notice_line(result: RoundResult, status: int, progress: Progress, folder: s
         return (f"launcher: preempted; the workers exited with {status}"
                 + (f" ({why})" if why else "") + f": {lost}.")
     saved = f", the state saved at {where}" if where else ""
+    if not result.workers_ran:  # Taken between rounds (or before the first).
+        return f"launcher: preempted; exiting with {status}{saved}: no worker was running."
     starting = [rank for rank, s in enumerate(result.statuses) if s == _ENDED_BY_THE_NOTICE]
     if not starting:
         return f"launcher: preempted; the workers exited with {status}{saved}."

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -43,7 +44,7 @@ _early_replaced: dict[int, Any] = {}  # The handlers the early recording replace
 PROGRAMS = ("tfpar-train", "tfpar-launch", "tfpar-benchmark", "tfpar-env")
 """tfpar's console programs, which record notices from their first import of tfpar."""
 _PROGRAM_MODULES = tuple(f"tfpar.cli.{name.split('-')[1]}" for name in PROGRAMS)
-_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's script files.
+_CHECKOUT_SCRIPTS = ("train.py", "launch.py", "benchmark.py")  # A checkout's programs.
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """The notices recorded early: those every program watches until it reads its flags."""
 _listeners: list[Callable[[int], None]] = []
@@ -63,32 +64,58 @@ def _record_early(signum, frame) -> None:
 
 def is_program(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """Whether this process runs one of tfpar's programs: a console script of
-    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's script file ``X.py``.
+    :data:`PROGRAMS`, ``python -m tfpar.cli.X``, or a checkout's own program files.
 
     Args:
         argv: ``sys.argv``.
         orig_argv: ``sys.orig_argv`` (the interpreter's own arguments, ``-m`` included).
     """
     options = iter(orig_argv[1:])  # The interpreter's options, up to its script or -m/-c.
+    script = None
     for option in options:
-        if option == "-m":
-            return next(options, "") in _PROGRAM_MODULES
-        if option.startswith("-m"):
-            return option[2:] in _PROGRAM_MODULES
-        if option == "-c" or option.startswith("-c"):
-            return False
-        if option in ("-W", "-X", "--check-hash-based-pycs"):
+        if option == "--check-hash-based-pycs":
             next(options, None)  # Its value.
-        elif not option.startswith("-") or option == "-":
-            break  # The script: argv[0].
-    if not argv or not argv[0]:
+            continue
+        if option.startswith("--"):
+            continue
+        if not option.startswith("-") or option == "-":
+            script = option  # The script: argv[0].
+            break
+        # Short options combine as CPython reads them ("-um X", "-Bu -m X", "-uWignore"): -c,
+        # -m, -W and -X take the rest of the word as their value, else the next word.
+        for at, letter in enumerate(option[1:], start=2):
+            if letter in "cmWX":
+                value = option[at:] or next(options, "")
+                if letter == "m":
+                    return value in _PROGRAM_MODULES
+                if letter == "c":
+                    return False
+                break
+    path = argv[0] if argv and argv[0] else script
+    if not path:
         return False
-    if os.path.basename(argv[0]) in PROGRAMS:
+    if os.path.basename(path) in PROGRAMS:
         return True
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     scripts = {os.path.realpath(os.path.join(root, "scripts", name))
                for name in _CHECKOUT_SCRIPTS}
-    return os.path.realpath(argv[0]) in scripts
+    return os.path.realpath(path) in scripts
+
+
+def command_runs_program(command: Sequence[str]) -> bool:
+    """Whether a command line (the launcher's workers') runs one of tfpar's programs, which
+    record notices from their first import of tfpar: ``tfpar-X ...``, or a Python interpreter
+    running one (``python -m tfpar.cli.X``, a console script, a checkout's own program file).
+    A wrapper before it (``env X=1``, ``uv run --``, ``srun``) is looked past: the first
+    word that is one of tfpar's programs or a Python interpreter decides. Anything else (a
+    user's program) keeps its own signals."""
+    for at, word in enumerate(command):
+        name = os.path.basename(word)
+        if name in PROGRAMS:
+            return True
+        if re.fullmatch(r"python[0-9.]*", name):
+            return is_program([], command[at:])
+    return False
 
 
 def record_early() -> bool:

@@ -147,6 +147,10 @@ def expand_hostlist(text: str) -> list[str]:
         ClusterError: If ``text`` is not of that form.
     """
     hosts: list[str] = []
+    part_form = r"[^,\[\]]*(?:\[[^\[\]]+\])?"
+    if not re.fullmatch(rf"{part_form}(?:,{part_form})*", text):  # "n[1-2]-ib": refused,
+        raise ClusterError(f"SLURM_STEP_NODELIST lists hosts as 'n[1-2],m5'. Received: "
+                           f"{text!r}.")  # as TensorFlow's resolver does.
     for part in re.findall(r"[^,\[]*(?:\[[^\]]*\])?", text):
         if not part:
             continue
@@ -178,7 +182,7 @@ def local_id(environ: Mapping[str, str]) -> int:
             step's tasks.
         ValueError: If ``SLURM_LOCALID`` or ``SLURM_PROCID`` is not a number.
     """
-    if "SLURM_LOCALID" in environ:
+    if environ.get("SLURM_LOCALID", "").strip():  # Set but empty: as if missing.
         return int(environ["SLURM_LOCALID"])
     rank = int(environ["SLURM_PROCID"])
     hosts = expand_hostlist(environ["SLURM_STEP_NODELIST"])

@@ -243,10 +243,12 @@ class WorkerGroup:
                     # Whether its save ran out of grace, and how the others ended, are in
                     # their records and statuses: the policy says what the round was.
                     records = [protocol.StopRecord.read(path) for path in record_paths]
+                    lost_by = tuple(i for i, r in enumerate(records)
+                                    if r is not None and r.work_lost)
                     return RoundResult(
-                        Outcome.PREEMPTED, code, rank,
-                        work_lost=any(r is not None and r.work_lost for r in records),
-                        statuses=tuple(protocol.normalized(p.returncode) for p in processes))
+                        Outcome.PREEMPTED, code, rank, work_lost=bool(lost_by),
+                        statuses=tuple(protocol.normalized(p.returncode) for p in processes),
+                        lost_by=lost_by)
                 if code not in (None, 0):
                     stop(processes)
                     status = protocol.normalized(code)
