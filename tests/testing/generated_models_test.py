@@ -17,6 +17,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck
 from hypothesis import Phase
 from hypothesis import assume
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 
@@ -35,6 +36,14 @@ RUNS = (("default", 1, 0), ("one_device", 1, 0), ("mirrored", 2, 0), ("mirrored"
         ("allreduce", 2, 2), ("allreduce", 2, 4), ("allreduce", 4, 4))
 """``(entry, devices, virtual_replicas)``: every in-process entry (the multi-worker ones run the
 same steps across processes), on 1, 2 and 4 devices, with and without ``virtual_replicas``."""
+
+
+ONE_EXPLICIT_CASE = generated_models.ModelCase(form="own_train_step", examples=9, batch_size=8,
+                                              seed=1)
+"""Held to its run (``allreduce`` on 2, ``virtual_replicas=4``) before the generated cases: the
+README suite's 30 derandomized cases hold one ``own_train_step`` case, under no
+``virtual_replicas`` run, so a model's own step trained there unrefused went unseen (the
+cluster stage's 120 caught it with one case). Its last batch of 1 leaves replica 1 empty."""
 
 
 def run_of(case) -> tuple[str, int, int]:
@@ -111,7 +120,8 @@ class GeneratedModelsTest(testing.StrategyTestCase):
                 keras.config.set_dtype_policy("float32")
             self.outcomes[(name, outcome)] += 1
 
-        check()
+        # Added here, not as a decorator of check: check's source seeds the derandomized draws.
+        example(case=ONE_EXPLICIT_CASE)(check)()
         self.assertEqual(failures, [], f"{len(failures)} counterexamples")
 
     def test_every_entry_keeps_its_promise(self):

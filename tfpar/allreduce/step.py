@@ -173,6 +173,11 @@ def _local_objective(model: keras.Model, x, y, y_pred, sample_weight, count: tf.
     with scaled_losses.mean_losses_scaled_by(count / total):
         loss = model.compute_loss(x, y, y_pred, sample_weight, **kwargs)
     part = tf.cast(loss, tf.float32)
+    if part.shape.rank != 0:
+        # An unreduced loss (reduction=None): its examples' losses, whose gradient is that of
+        # their sum. Keras logs their mean; logged times total / count would be N times it.
+        return part, tf.math.divide_no_nan(tf.reduce_sum(part), tf.cast(tf.size(part),
+                                                                         tf.float32))
     return part, tf.math.divide_no_nan(part * total, count)
 
 

@@ -307,10 +307,14 @@ class StrategyTestCase(tf.test.TestCase, parameterized.TestCase):
                 with strategy.scope():
                     model = case.build()
                 case.train(model, case.dataset())
-                # Every replica's copy of what the update writes is the same; a layer's own
-                # state (BatchNorm's statistics) is per replica by design, and finite.
-                updated = {id(v) for v in [*model.trainable_variables,
-                                           *model.optimizer.variables]}
+                # Every replica's copy of what the update writes is the same, and of the
+                # random generators' states (a replica without examples ends where the others
+                # do); a layer's own state (BatchNorm's statistics) is per replica by design,
+                # and finite.
+                updated = {id(v) for v in [
+                    *model.trainable_variables, *model.optimizer.variables,
+                    *(v for v in model.non_trainable_variables
+                      if v.path.endswith("seed_generator_state"))]}
                 for place, (path, copies) in _every_copy(model).items():
                     for replica, copy in enumerate(copies):
                         self.assertTrue(np.all(np.isfinite(np.asarray(copy, np.float64))),
