@@ -127,6 +127,16 @@ class GeneratedModelsTest(testing.StrategyTestCase):
     def test_every_entry_keeps_its_promise(self):
         self.explore(README_EXAMPLES)
 
+    def test_keras_step_keeps_its_promise(self):
+        # Keras's step under mirrored, which the drawn cases may leave out: a sum loss with
+        # sample weights on 2 devices (uneven: in sync), and an LSTM on 4 (even: one device).
+        sums = generated_models.ModelCase(layers=("dense", "dropout"), loss="sum",
+                                          weights="sample", examples=17, batch_size=8)
+        self.assertEqual(self.assertKeepsPromise(sums, "mirrored", 2), "in_sync")
+        recurrent = generated_models.ModelCase(inputs="tokens", layers=("lstm", "layer_norm"),
+                                               examples=16, batch_size=8)
+        self.assertEqual(self.assertKeepsPromise(recurrent, "mirrored", 4), "matches_one_device")
+
     @pytest.mark.cluster
     def test_every_entry_keeps_its_promise_wider(self):
         self.explore(CLUSTER_EXAMPLES)
