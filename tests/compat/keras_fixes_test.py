@@ -373,6 +373,21 @@ class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
                                     f"{received}"):
             restore()
 
+    @parameterized.parameters("folder", "unreadable")
+    def test_weights_that_cannot_be_opened_are_one_error_naming_the_file(self, damage):
+        # Before: the digest's open raised IsADirectoryError (a folder where the weights file
+        # should be), a traceback and not DamagedStateError.
+        backup_dir, _, _, restore = self.backed_up_twice()
+        weights = os.path.join(backup_dir, "generation-2.weights.h5")
+        os.remove(weights)
+        if damage == "folder":
+            os.makedirs(weights)
+        else:  # A name that cannot be opened (root reads any mode): a dangling symlink loop.
+            os.symlink(weights, weights)
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"The backup's file {re.escape(weights)} .*Received: "):
+            restore()
+
     def test_metadata_missing_beside_a_committed_generation_is_refused(self):
         # Generation 2 is written after the metadata named generation 1: without the metadata,
         # Keras started over without a word.

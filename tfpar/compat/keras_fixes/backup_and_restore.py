@@ -298,7 +298,11 @@ def _load_generation(callback: Any, original: Callable, metadata: dict[str, Any]
     if not os.path.exists(path):
         raise _damaged(callback, path, f"{names} is missing", "no such file")
     saved = metadata.get(WEIGHTS_DIGEST_KEY)
-    if saved is not None and _sha256(path) != saved:
+    try:
+        found = _sha256(path) if saved is not None else None
+    except OSError as e:  # A folder where the file should be, or a file that cannot be read.
+        raise _damaged(callback, path, "is not readable", f"{type(e).__name__}: {e}") from None
+    if saved is not None and found != saved:
         raise _damaged(callback, path, f"{names} is not the one its save wrote (another "
                        "save's, or changed since)", f"a file of another SHA-256 than "
                        f"{saved[:16]}...")
