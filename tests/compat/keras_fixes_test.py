@@ -1,5 +1,6 @@
 """Tests that tfpar's Keras fixes are what make fit survive, and that they know their limits."""
 
+import contextlib
 import dataclasses
 import importlib
 import io
@@ -387,6 +388,27 @@ class BackupAndRestoreTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(DamagedStateError,
                                     f"The backup's file {re.escape(weights)} .*Received: "):
             restore()
+
+    @parameterized.parameters("training_metadata.json", "generation-2.weights.h5")
+    def test_a_kill_while_the_backup_is_deleted_at_the_end_is_not_a_damaged_backup(self, first):
+        # Keras deletes the backup folder at the end of training with rmtree, file by file in
+        # the folder's order: a kill after its first removal left the metadata without its
+        # weights, or the weights without the metadata, and every rerun exited 2 on "damaged".
+        backup_dir, _, model, restore = self.backed_up_twice()
+        callback = keras.callbacks.BackupAndRestore(backup_dir)
+        callback.set_model(model)
+
+        def killed_inside(path, *args, **kwargs):
+            if not os.path.isdir(path):
+                return
+            os.remove(os.path.join(path, first))
+            raise KeyboardInterrupt("killed inside the deletion")
+
+        with mock.patch("shutil.rmtree", killed_inside), \
+                mock.patch("keras.src.utils.file_utils.rmtree", killed_inside):
+            with contextlib.suppress(KeyboardInterrupt):
+                callback.on_train_end()
+        restore()  # Starts over, or resumes the last save: never refused.
 
     def test_metadata_missing_beside_a_committed_generation_is_refused(self):
         # Generation 2 is written after the metadata named generation 1: without the metadata,

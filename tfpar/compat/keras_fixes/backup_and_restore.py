@@ -227,9 +227,18 @@ def _restore_state_beyond_weights(callback: Any, metadata: dict[str, Any]) -> No
 def _wrap_backup_train_end(original: Callable) -> Callable:
     @functools.wraps(original)
     def on_train_end(self, logs=None):
-        if _writes_checkpoints(self):
-            return original(self, logs)
-        return None
+        if not _writes_checkpoints(self):
+            return None
+        backup_dir = str(self.backup_dir)
+        if self.delete_checkpoint and "://" not in backup_dir and os.path.isdir(backup_dir):
+            # Keras's rmtree removes the files one by one: a kill inside it left the metadata
+            # without its weights (or the weights without it), a backup every rerun refused.
+            # Renamed aside in one step first, the backup is whole or gone.
+            aside = f"{backup_dir.rstrip(os.sep)}.tfpar-removed"
+            atomic_io.remove_tree(aside)  # What a kill inside an earlier removal left.
+            atomic_io.replace(backup_dir, aside)
+            atomic_io.remove_tree(aside)
+        return original(self, logs)
 
     return on_train_end
 
