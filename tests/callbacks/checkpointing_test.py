@@ -224,6 +224,19 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                 with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(message)):
                     checkpoint.restore()
 
+    def test_a_folder_in_place_of_the_index_is_refused_not_started_over(self):
+        # TensorFlow logs "Is a directory ... Checkpoint ignored" and finds no checkpoint; the
+        # check's open raised IsADirectoryError, taken as "no index": tfpar-train said "No
+        # saved training state" and trained from scratch over the saved one.
+        directory, checkpoint = self.saved_once()
+        index = os.path.join(directory, "checkpoint")
+        os.remove(index)
+        os.makedirs(index)
+        self.assertIsNone(checkpoint.latest)
+        with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(
+                f"The checkpoint index {index} is not readable.")):
+            checkpoint.restore()
+
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.
         directory, checkpoint = self.saved_once()

@@ -241,8 +241,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         try:
             with open(index, "rb") as f:
                 text = f.read().decode("utf-8", errors="replace")
-        except OSError:
+        except FileNotFoundError:
             return  # No index: nothing was saved (or a save was killed before its first).
+        except OSError as e:  # A folder in its place, or a file that cannot be read.
+            raise DamagedStateError(
+                f"The checkpoint index {index} is not readable. A restore reads a checkpoint "
+                "as TensorFlow wrote it; start over (resume=False), or use another model_dir. "
+                f"Received: {type(e).__name__}: {e.strerror or e}.") from None
         named = protocol.latest_in_index(text)
         allowed = ("A restore reads a checkpoint as TensorFlow wrote it; start over "
                    "(resume=False), or use another model_dir.")
