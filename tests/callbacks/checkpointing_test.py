@@ -237,6 +237,39 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                 f"The checkpoint index {index} is not readable.")):
             checkpoint.restore()
 
+    def test_a_damaged_made_with_file_is_one_error_naming_it(self):
+        # Before: json's JSONDecodeError (cut short), IsADirectoryError (a folder in its place)
+        # or AttributeError (not an object): a traceback, and exit 1, which the launcher
+        # restarts.
+        for damage in ("cut", "folder", "list"):
+            with self.subTest(damage):
+                directory = os.path.join(self.get_temp_dir(), f"made_with_{damage}")
+                strategy = self.strategy("mirrored", 2)
+                with strategy.scope():
+                    model = testing.tiny_model()
+                made_with = {"model": "tiny", "dataset": "digits"}
+                checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                           made_with=made_with)
+                checkpoint.set_model(model)
+                checkpoint.on_epoch_end(0, {"loss": 1.5})
+                path = os.path.join(directory, "made_with.json")
+                self.assertTrue(os.path.exists(path))
+                if damage == "cut":
+                    with open(path, "r+b") as f:
+                        f.truncate(os.path.getsize(path) // 2)
+                elif damage == "folder":
+                    os.remove(path)
+                    os.makedirs(path)
+                else:
+                    with open(path, "w") as f:
+                        f.write("[]")
+                fresh = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                      made_with=made_with)
+                with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(
+                        f"The file {path} that records what the training state in "
+                        f"{directory} was made with is not readable.")):
+                    fresh.restore()
+
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.
         directory, checkpoint = self.saved_once()

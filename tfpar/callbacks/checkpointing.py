@@ -166,8 +166,18 @@ class EpochCheckpoint(keras.callbacks.Callback):
         path = os.path.join(self.directory, self.MADE_WITH_FILE)
         if not self.made_with or not os.path.exists(path):
             return
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+            if not isinstance(saved, dict):
+                raise ValueError(f"JSON of type {type(saved).__name__}")
+        except (OSError, ValueError) as e:
+            detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise DamagedStateError(
+                f"The file {path} that records what the training state in {self.directory} "
+                "was made with is not readable. A restore checks the state is of this model "
+                "and data; start over (resume=False), or use another model_dir. Received: "
+                f"{type(e).__name__}: {' '.join(detail.split())}.") from None
         differ = [f"{key}={saved[key]!r} (now {value!r})"  # Keys saved by older versions.
                   for key, value in self.made_with.items() if saved.get(key, value) != value]
         if differ:
