@@ -203,6 +203,22 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                     r"Received: \w+Error: "):
             checkpointing.EpochCheckpoint(directory, model, strategy).restore()
 
+    def test_a_checkpoint_of_a_model_with_fewer_variables_is_one_error_naming_it(self):
+        # Before: assert_existing_objects_matched's AssertionError, a traceback whose message
+        # runs over several lines (the unmatched variables' values), and exit 1.
+        directory, _ = self.saved_once()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            # The saved model (testing.tiny_model), and one layer more.
+            model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
+                                      keras.layers.Dense(3), keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"^The checkpoint {directory}/ckpt-1 \\(its files "
+                                    r"ckpt-1\.index and ckpt-1\.data-\*\) cannot be "
+                                    r"restored: .*Received: AssertionError: [^\n]*$"):
+            checkpointing.EpochCheckpoint(directory, model, strategy).restore()
+
     def test_an_index_tensorflow_ignores_is_refused_not_started_over(self):
         # TensorFlow ignores an index it cannot parse, or whose checkpoint has no files, and
         # finds no checkpoint: the run started over without a word.

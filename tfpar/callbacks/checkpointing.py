@@ -485,7 +485,8 @@ def _readable_checkpoint(prefix: str) -> Iterator[None]:
     (a file cut short: ``IndexError``; bytes changed: ``DataLossError``)."""
     try:
         yield
-    except (tf.errors.OpError, ValueError, LookupError, UnicodeDecodeError) as e:
+    except (tf.errors.OpError, ValueError, LookupError, UnicodeDecodeError,
+            AssertionError) as e:  # AssertionError: the model has variables it does not hold.
         if isinstance(e, DamagedStateError):
             raise
         detail = e.message if isinstance(e, tf.errors.OpError) else str(e)
