@@ -286,6 +286,15 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                         f"{directory} was made with is not readable.")):
                     fresh.restore()
 
+    def test_a_positions_file_that_is_not_an_object_is_not_a_traceback(self):
+        # Before: dict(5) raised TypeError (only OSError and ValueError were caught) in the
+        # line that names the resumed position, a traceback and exit 1.
+        directory, checkpoint = self.saved_once()
+        with open(os.path.join(directory, "positions.json"), "w") as f:
+            f.write("5")
+        self.assertEqual(checkpoint.restore(), 1)  # The checkpoint holds the position.
+        self.assertEqual(checkpoint.position_of(checkpoint.latest), "the end of epoch 1")
+
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.
         directory, checkpoint = self.saved_once()

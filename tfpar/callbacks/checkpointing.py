@@ -383,7 +383,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return path
 
     def _positions(self) -> dict[str, list[int]]:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, TypeError):  # TypeError: not an object.
             with open(os.path.join(self.directory, self.POSITIONS_FILE), encoding="utf-8") as f:
                 return dict(json.load(f))
         return {}
