@@ -295,6 +295,19 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(checkpoint.restore(), 1)  # The checkpoint holds the position.
         self.assertEqual(checkpoint.position_of(checkpoint.latest), "the end of epoch 1")
 
+    def test_a_save_removes_what_a_save_killed_inside_tensorflows_write_left(self):
+        # A kill inside TensorFlow's write leaves ckpt-N_temp/ with a partial data file as
+        # large as the state; it was removed only after a save that failed, so every kill
+        # left one for good.
+        directory, checkpoint = self.saved_once()
+        left = os.path.join(directory, "ckpt-7_temp")
+        os.makedirs(left)
+        with open(os.path.join(left, "part-00000-of-00001.data-00000-of-00001.tempstate1"),
+                  "wb") as f:
+            f.write(b"partial")
+        checkpoint.on_epoch_end(1, {"loss": 1.0})
+        self.assertFalse(os.path.exists(left))
+
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.
         directory, checkpoint = self.saved_once()

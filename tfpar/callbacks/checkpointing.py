@@ -349,6 +349,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
         number = max(int(self._model.optimizer.iterations.numpy()), self._last_number + 1)
         if self._chief:
             atomic_io.make_dirs(self.directory)
+            # What a save killed inside TensorFlow's write left (a data file as large as the
+            # model's state, in ckpt-N_temp/, kept by every later run before).
+            self._remove_partial_saves()
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
             positions = self._positions()
             positions[f"ckpt-{number}"] = [epochs, steps]
