@@ -4,6 +4,7 @@ import contextlib
 import io
 import os
 import re
+import unittest
 from unittest import mock
 
 import keras
@@ -203,6 +204,22 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                     r"Received: \w+Error: "):
             checkpointing.EpochCheckpoint(directory, model, strategy).restore()
 
+    def test_a_checkpoint_of_a_model_with_fewer_variables_is_one_error_naming_it(self):
+        # Before: assert_existing_objects_matched's AssertionError, a traceback whose message
+        # runs over several lines (the unmatched variables' values), and exit 1.
+        directory, _ = self.saved_once()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            # The saved model (testing.tiny_model), and one layer more.
+            model = keras.Sequential([keras.Input((18, 18, 1)), keras.layers.Flatten(),
+                                      keras.layers.Dense(3), keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss="mse")
+        with self.assertRaisesRegex(DamagedStateError,
+                                    f"^The checkpoint {directory}/ckpt-1 \\(its files "
+                                    r"ckpt-1\.index and ckpt-1\.data-\*\) cannot be "
+                                    r"restored: .*Received: AssertionError: [^\n]*$"):
+            checkpointing.EpochCheckpoint(directory, model, strategy).restore()
+
     def test_an_index_tensorflow_ignores_is_refused_not_started_over(self):
         # TensorFlow ignores an index it cannot parse, or whose checkpoint has no files, and
         # finds no checkpoint: the run started over without a word.
@@ -223,6 +240,90 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                 self.assertIsNone(checkpoint.latest)
                 with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(message)):
                     checkpoint.restore()
+
+    def test_a_folder_in_place_of_the_index_is_refused_not_started_over(self):
+        # TensorFlow logs "Is a directory ... Checkpoint ignored" and finds no checkpoint; the
+        # check's open raised IsADirectoryError, taken as "no index": tfpar-train said "No
+        # saved training state" and trained from scratch over the saved one.
+        directory, checkpoint = self.saved_once()
+        index = os.path.join(directory, "checkpoint")
+        os.remove(index)
+        os.makedirs(index)
+        self.assertIsNone(checkpoint.latest)
+        with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(
+                f"The checkpoint index {index} is not readable.")):
+            checkpoint.restore()
+
+    def test_a_damaged_made_with_file_is_one_error_naming_it(self):
+        # Before: json's JSONDecodeError (cut short), IsADirectoryError (a folder in its place)
+        # or AttributeError (not an object): a traceback, and exit 1, which the launcher
+        # restarts.
+        for damage in ("cut", "folder", "list"):
+            with self.subTest(damage):
+                directory = os.path.join(self.get_temp_dir(), f"made_with_{damage}")
+                strategy = self.strategy("mirrored", 2)
+                with strategy.scope():
+                    model = testing.tiny_model()
+                made_with = {"model": "tiny", "dataset": "digits"}
+                checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                           made_with=made_with)
+                checkpoint.set_model(model)
+                checkpoint.on_epoch_end(0, {"loss": 1.5})
+                path = os.path.join(directory, "made_with.json")
+                self.assertTrue(os.path.exists(path))
+                if damage == "cut":
+                    with open(path, "r+b") as f:
+                        f.truncate(os.path.getsize(path) // 2)
+                elif damage == "folder":
+                    os.remove(path)
+                    os.makedirs(path)
+                else:
+                    with open(path, "w") as f:
+                        f.write("[]")
+                fresh = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                      made_with=made_with)
+                with self.assertRaisesRegex(DamagedStateError, "^" + re.escape(
+                        f"The file {path} that records what the training state in "
+                        f"{directory} was made with is not readable.")):
+                    fresh.restore()
+
+    def test_a_positions_file_that_is_not_an_object_is_not_a_traceback(self):
+        # Before: dict(5) raised TypeError (only OSError and ValueError were caught) in the
+        # line that names the resumed position, a traceback and exit 1.
+        directory, checkpoint = self.saved_once()
+        with open(os.path.join(directory, "positions.json"), "w") as f:
+            f.write("5")
+        self.assertEqual(checkpoint.restore(), 1)  # The checkpoint holds the position.
+        self.assertEqual(checkpoint.position_of(checkpoint.latest), "the end of epoch 1")
+
+    def test_a_save_removes_what_a_save_killed_inside_tensorflows_write_left(self):
+        # A kill inside TensorFlow's write leaves ckpt-N_temp/ with a partial data file as
+        # large as the state; it was removed only after a save that failed, so every kill
+        # left one for good.
+        directory, checkpoint = self.saved_once()
+        left = os.path.join(directory, "ckpt-7_temp")
+        os.makedirs(left)
+        with open(os.path.join(left, "part-00000-of-00001.data-00000-of-00001.tempstate1"),
+                  "wb") as f:
+            f.write(b"partial")
+        checkpoint.on_epoch_end(1, {"loss": 1.0})
+        self.assertFalse(os.path.exists(left))
+
+    # Found in review, not fixed: nothing stops two runs from using one model_dir at once. A
+    # second tfpar-train (another --lr) started 3 s after the first resumed from the first's
+    # epoch-1 checkpoint while the first still trained, and both saved ckpt-46 and ckpt-69 into
+    # the folder, each exiting 0: the folder's state is whichever wrote last, said nowhere.
+    # A fix needs a lock the chief holds while it trains (released by a kill), a design
+    # change.
+    @unittest.expectedFailure
+    def test_a_second_run_in_a_folder_in_use_is_refused(self):
+        directory, first = self.saved_once()  # The first run, still training.
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        with self.assertRaises(ConfigError):
+            checkpointing.EpochCheckpoint(directory, model, strategy).restore()
+        first.on_epoch_end(1, {"loss": 1.0})
 
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.

@@ -302,7 +302,10 @@ def names_the_file(message: str, file: str) -> bool:
     checkpoint)."""
     name = os.path.basename(file)
     prefix = re.match(r"^(ckpt-\d+)\.", name)
-    return name in message or (prefix is not None and f"{prefix[1]}.index" in message)
+    # The name as a path's last part: "checkpoint", the index's name, is a word of nearly
+    # every line about a checkpoint, which so passed for naming it.
+    return (re.search(rf"/{re.escape(name)}(?![\w.-])", message) is not None
+            or (prefix is not None and f"{prefix[1]}.index" in message))
 
 
 REPORTED: list[str] = []

@@ -166,8 +166,18 @@ class EpochCheckpoint(keras.callbacks.Callback):
         path = os.path.join(self.directory, self.MADE_WITH_FILE)
         if not self.made_with or not os.path.exists(path):
             return
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+            if not isinstance(saved, dict):
+                raise ValueError(f"JSON of type {type(saved).__name__}")
+        except (OSError, ValueError) as e:
+            detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise DamagedStateError(
+                f"The file {path} that records what the training state in {self.directory} "
+                "was made with is not readable. A restore checks the state is of this model "
+                "and data; start over (resume=False), or use another model_dir. Received: "
+                f"{type(e).__name__}: {' '.join(detail.split())}.") from None
         differ = [f"{key}={saved[key]!r} (now {value!r})"  # Keys saved by older versions.
                   for key, value in self.made_with.items() if saved.get(key, value) != value]
         if differ:
@@ -241,8 +251,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         try:
             with open(index, "rb") as f:
                 text = f.read().decode("utf-8", errors="replace")
-        except OSError:
+        except FileNotFoundError:
             return  # No index: nothing was saved (or a save was killed before its first).
+        except OSError as e:  # A folder in its place, or a file that cannot be read.
+            raise DamagedStateError(
+                f"The checkpoint index {index} is not readable. A restore reads a checkpoint "
+                "as TensorFlow wrote it; start over (resume=False), or use another model_dir. "
+                f"Received: {type(e).__name__}: {e.strerror or e}.") from None
         named = protocol.latest_in_index(text)
         allowed = ("A restore reads a checkpoint as TensorFlow wrote it; start over "
                    "(resume=False), or use another model_dir.")
@@ -334,6 +349,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
         number = max(int(self._model.optimizer.iterations.numpy()), self._last_number + 1)
         if self._chief:
             atomic_io.make_dirs(self.directory)
+            # What a save killed inside TensorFlow's write left (a data file as large as the
+            # model's state, in ckpt-N_temp/, kept by every later run before).
+            self._remove_partial_saves()
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
             positions = self._positions()
             positions[f"ckpt-{number}"] = [epochs, steps]
@@ -368,7 +386,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return path
 
     def _positions(self) -> dict[str, list[int]]:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, TypeError):  # TypeError: not an object.
             with open(os.path.join(self.directory, self.POSITIONS_FILE), encoding="utf-8") as f:
                 return dict(json.load(f))
         return {}
@@ -470,7 +488,8 @@ def _readable_checkpoint(prefix: str) -> Iterator[None]:
     (a file cut short: ``IndexError``; bytes changed: ``DataLossError``)."""
     try:
         yield
-    except (tf.errors.OpError, ValueError, LookupError, UnicodeDecodeError) as e:
+    except (tf.errors.OpError, ValueError, LookupError, UnicodeDecodeError,
+            AssertionError) as e:  # AssertionError: the model has variables it does not hold.
         if isinstance(e, DamagedStateError):
             raise
         detail = e.message if isinstance(e, tf.errors.OpError) else str(e)

@@ -227,9 +227,18 @@ def _restore_state_beyond_weights(callback: Any, metadata: dict[str, Any]) -> No
 def _wrap_backup_train_end(original: Callable) -> Callable:
     @functools.wraps(original)
     def on_train_end(self, logs=None):
-        if _writes_checkpoints(self):
-            return original(self, logs)
-        return None
+        if not _writes_checkpoints(self):
+            return None
+        backup_dir = str(self.backup_dir)
+        if self.delete_checkpoint and "://" not in backup_dir and os.path.isdir(backup_dir):
+            # Keras's rmtree removes the files one by one: a kill inside it left the metadata
+            # without its weights (or the weights without it), a backup every rerun refused.
+            # Renamed aside in one step first, the backup is whole or gone.
+            aside = f"{backup_dir.rstrip(os.sep)}.tfpar-removed"
+            atomic_io.remove_tree(aside)  # What a kill inside an earlier removal left.
+            atomic_io.replace(backup_dir, aside)
+            atomic_io.remove_tree(aside)
+        return original(self, logs)
 
     return on_train_end
 
@@ -298,7 +307,11 @@ def _load_generation(callback: Any, original: Callable, metadata: dict[str, Any]
     if not os.path.exists(path):
         raise _damaged(callback, path, f"{names} is missing", "no such file")
     saved = metadata.get(WEIGHTS_DIGEST_KEY)
-    if saved is not None and _sha256(path) != saved:
+    try:
+        found = _sha256(path) if saved is not None else None
+    except OSError as e:  # A folder where the file should be, or a file that cannot be read.
+        raise _damaged(callback, path, "is not readable", f"{type(e).__name__}: {e}") from None
+    if saved is not None and found != saved:
         raise _damaged(callback, path, f"{names} is not the one its save wrote (another "
                        "save's, or changed since)", f"a file of another SHA-256 than "
                        f"{saved[:16]}...")
