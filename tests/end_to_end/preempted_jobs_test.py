@@ -196,6 +196,9 @@ class ProcessPreemptionTest(PreemptionTestCase):
         self.assertSameValues(model_values(whole, "mirrored_2_devices"),
                               model_values(parts, "mirrored_2_devices"))
 
+    # Two runs and a rerun each: the long stage (the copies files' checks are unit-tested in
+    # tests/replica_copies_test.py and tests/callbacks/checkpointing_test.py).
+    @pytest.mark.cluster
     @parameterized.parameters(
         ("deleted", "saved with this state is missing. ", "no such file."),
         ("cut", "is not readable. ", "BadZipFile: File is not a zip file."))

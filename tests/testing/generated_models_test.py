@@ -26,7 +26,7 @@ from tfpar.errors import ConfigError
 from tfpar.testing import generated_models
 
 README_EXAMPLES = 30
-CLUSTER_EXAMPLES = 120
+CLUSTER_EXAMPLES = 60
 ENTRIES = ("default", "one_device", "mirrored", "central_storage", "allreduce")
 """The in-process entries (the multi-worker ones run the same steps across processes)."""
 
@@ -42,8 +42,8 @@ ONE_EXPLICIT_CASE = generated_models.ModelCase(form="own_train_step", examples=9
                                               seed=1)
 """Held to its run (``allreduce`` on 2, ``virtual_replicas=4``) before the generated cases: the
 README suite's 30 derandomized cases hold one ``own_train_step`` case, under no
-``virtual_replicas`` run, so a model's own step trained there unrefused went unseen (the
-cluster stage's 120 caught it with one case). Its last batch of 1 leaves replica 1 empty."""
+``virtual_replicas`` run, so a model's own step trained there unrefused went unseen (a wider
+draw of 120 caught it with one case). Its last batch of 1 leaves replica 1 empty."""
 
 
 def run_of(case) -> tuple[str, int, int]:
