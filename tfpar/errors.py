@@ -91,6 +91,25 @@ class OptionValueError(ConfigError):
     without GPUs): a :class:`ConfigError`, like every value out of range."""
 
 
+RUN_TIME_REFUSAL = "tfpar cannot run this step: "
+"""How a refusal that only a step's data can reveal begins (a ``tf.debugging`` assertion inside
+the compiled step, whose error TensorFlow raises as ``tf.errors.InvalidArgumentError``); ``fit``
+raises it as a :class:`ConfigError` with that line (:func:`run_time_refusal`)."""
+
+
+def run_time_refusal(message: str) -> str | None:
+    """The one line of a refusal raised inside a compiled step, found in the text of
+    TensorFlow's error (``None``: the error is no such refusal)."""
+    start = message.find(RUN_TIME_REFUSAL)
+    if start < 0:
+        return None
+    line = message[start + len(RUN_TIME_REFUSAL):].splitlines()[0]
+    # TensorFlow's text of an assertion holds its message in brackets, ``[line] [Condition...``,
+    # and tf.debugging.assert_* end it with one period more.
+    line = line.split("]")[0].strip()
+    return line[:-1] if line.endswith("..") else line
+
+
 class ClusterError(TfparError):
     """A multi-worker cluster specification is malformed or inconsistent."""
 

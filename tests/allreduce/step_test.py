@@ -280,6 +280,14 @@ class OptimizerFeaturesTest(testing.StrategyTestCase):
         self.assertAllClose(before, model.get_weights())
 
 
+def synchronized_convnet():
+    """Convolutions and a BatchNormalization that normalises over every replica's examples."""
+    return keras.Sequential([
+        keras.Input((18, 18, 1)), keras.layers.Conv2D(4, 3),
+        keras.layers.BatchNormalization(synchronized=True), keras.layers.Flatten(),
+        keras.layers.Dense(3)])
+
+
 class UnevenDataTest(testing.StrategyTestCase):
 
     @parameterized.named_parameters(
@@ -298,6 +306,21 @@ class UnevenDataTest(testing.StrategyTestCase):
         self.assertMatchesSingleDevice(
             compiled(users_model), testing.tiny_dataset(11, batch_size=4),
             self.strategy("allreduce", 3))
+
+    def test_a_synchronized_convnet_on_a_replica_without_examples(self):
+        # The model runs on every replica (its BatchNormalization all-reduces): where oneDNN's
+        # convolution fails on the empty batch, the last batch of 1 is refused in one line;
+        # elsewhere it trains as one device does.
+        data = testing.tiny_dataset(9, batch_size=8)
+        strategy = self.strategy("allreduce", 2)
+        with strategy.scope():
+            model = compiled(synchronized_convnet)()
+        if not step.empty_shard_fails(model):
+            self.assertMatchesSingleDevice(compiled(synchronized_convnet), data, strategy)
+            return
+        with self.assertRaises(ConfigError) as refused:
+            model.fit(data, verbose=0)
+        self.assertEqual(str(refused.exception), step.EMPTY_SHARD_REFUSAL)
 
     @parameterized.parameters((10, 5), (9, 8), (3, 3))
     def test_mirrored_fit_does_not_crash(self, num_examples, batch_size):

@@ -18,6 +18,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
+from tfpar import errors
 from tfpar import strategies
 from tfpar import testing
 from tfpar.cluster import launcher
@@ -75,6 +76,24 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
         # Without the fix, Keras trains the epoch's first 3 steps again.
         self.assertEqual(seen, [3, 4] if fixed else [0, 1, 2, 3, 4])
         self.assertEqual(int(model.optimizer.iterations.numpy()), 2 if fixed else 5)
+
+    @parameterized.parameters(True, False)
+    def test_a_refusal_inside_the_step_is_one_line_only_with_the_fix(self, fixed):
+        strategy = self.strategy("mirrored", 2)  # Installs the fixes.
+        if not fixed:
+            keras_fixes.uninstall(("run_time_refusals",))
+        with strategy.scope():
+            model = RefusesBatchesOfMoreThanFour([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        data = tf.data.Dataset.from_tensor_slices((tf.ones((12, 3)), tf.ones((12, 1))))
+        if fixed:
+            with self.assertRaisesRegex(errors.ConfigError,
+                                        r"^a batch of more than 4 examples\.$"):
+                model.fit(data.batch(10), verbose=0)
+        else:
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                        "(?s)Graph execution error.*a batch of more"):
+                model.fit(data.batch(10), verbose=0)
 
     def test_uneven_first_batch_trains_with_the_fix(self):
         history = fit_first_batch_of_five(self.strategy("mirrored", 2))
@@ -220,6 +239,17 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
 
 BACKUP_FIXES = ("backup_chief_writes", "backup_chief_deletes", "backup_epoch_count",
                 "backup_state_beyond_weights")
+
+
+class RefusesBatchesOfMoreThanFour(keras.Sequential):
+    """A step that refuses what only its data reveals, as tfpar's all-reduce step does."""
+
+    def train_step(self, data):
+        x, _ = data
+        with tf.control_dependencies([tf.debugging.assert_less_equal(
+                tf.shape(x)[0], 2, message=errors.RUN_TIME_REFUSAL + "a batch of more than 4 "
+                "examples.")]):
+            return super().train_step(data)
 
 
 class WorkerModel:

@@ -52,11 +52,13 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
+from tfpar import errors
 from tfpar.allreduce import algorithms
 from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
 from tfpar.compat import keras_fixes
 from tfpar.compat import keras_internals
+from tfpar.compat import onednn_state
 from tfpar.compat import optimizer_apply
 from tfpar.compat.keras_fixes import scaled_losses
 from tfpar.errors import ConfigError
@@ -216,6 +218,36 @@ def aggregated_state(model: keras.Model) -> list[str]:
             and not v.path.endswith("seed_generator_state")]
 
 
+_CONVOLUTIONS = tuple(getattr(keras.layers, name) for name in (
+    "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
+    "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "ConvLSTM1D",
+    "ConvLSTM2D", "ConvLSTM3D") if hasattr(keras.layers, name))
+
+EMPTY_SHARD_REFUSAL = (
+    "A batch left a replica (or one of its accumulation_steps micro-batches) without "
+    "examples, and this model must run on every replica (a layer synchronizes across "
+    "replicas, or assigns a variable with an aggregation) while the oneDNN convolution of "
+    "TensorFlow fails on an empty batch; give every batch at least replicas x "
+    "accumulation_steps examples (drop_remainder=True, or a batch size that leaves a last "
+    "batch that large), or start TensorFlow with TF_ENABLE_ONEDNN_OPTS=0.")
+"""The refusal of a step that would run a convolution on an empty shard with oneDNN's kernels
+(TensorFlow 2.21 with oneDNN on: the convolution of an empty batch fails, "input depth must be
+evenly divisible by filter depth"; its kernels without oneDNN return the empty result). No
+quote marks: TensorFlow escapes them in an assertion's text."""
+
+
+def _convolves(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` is, or holds, one of Keras's convolution layers."""
+    return isinstance(layer, _CONVOLUTIONS) or any(
+        _convolves(inner) for inner in getattr(layer, "layers", ()))
+
+
+def empty_shard_fails(model: keras.Model) -> bool:
+    """Whether running ``model`` on an empty shard fails: it convolves, and TensorFlow runs its
+    oneDNN kernels (or cannot say whether it does)."""
+    return _convolves(model) and onednn_state.tensorflow_runs_onednn() is not False
+
+
 def _unknown_if_empty(tensor: Any) -> Any:
     """``tensor`` with its batch size left unknown to the trace when it is known to be 0.
 
@@ -367,6 +399,7 @@ class _ReplicaStep:
         # assign variables replicas aggregate, cannot sit in a conditional branch: the model
         # then runs on an empty shard too.
         synchronizes = _synchronizes(self.model) or bool(aggregated_state(self.model))
+        refuses_empty = synchronizes and empty_shard_fails(self.model)
         self._seeds_at_start = [tf.identity(v.value) for v in self.seeds]
         self._ran = tf.constant(0.0)
         for micro, micro_count in _micro_batches((x, y, sample_weight), count,
@@ -377,7 +410,10 @@ class _ReplicaStep:
                 return self.forward_backward(x, y, weight, n)
 
             # One micro-batch after the other: the next starts once this one's gradients exist.
-            with tf.control_dependencies(grads):
+            checks = [tf.debugging.Assert(
+                micro_count > 0, [errors.RUN_TIME_REFUSAL + EMPTY_SHARD_REFUSAL])
+            ] if refuses_empty else []
+            with tf.control_dependencies([*grads, *checks]):
                 if synchronizes:
                     step_grads = run_micro_batch()
                 else:

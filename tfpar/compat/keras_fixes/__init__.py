@@ -9,6 +9,7 @@ device).
 - :mod:`.scalar_logs`: scalar logs of several workers reduced with ``axis=None``, in one
   collective; logs that are global already (:class:`.scalar_logs.ReportsGlobalValues`) left.
 - :mod:`.multi_step_functions`: several steps per compiled call across workers.
+- :mod:`.run_time_refusals`: a refusal asserted inside the compiled step is raised as one line.
 - :mod:`.central_storage_metrics`: metric variables under ``central_storage`` add increments.
 - :mod:`.scaled_losses`: a model's own ``train_step``/``test_step`` logs the whole loss.
 - :mod:`.backup_and_restore`: ``BackupAndRestore`` across workers, with the right epoch and
@@ -41,6 +42,7 @@ from tfpar.compat import versions
 from tfpar.compat.keras_fixes import backup_and_restore
 from tfpar.compat.keras_fixes import central_storage_metrics
 from tfpar.compat.keras_fixes import multi_step_functions
+from tfpar.compat.keras_fixes import run_time_refusals
 from tfpar.compat.keras_fixes import scalar_logs
 from tfpar.compat.keras_fixes import scaled_losses
 from tfpar.compat.keras_fixes import symbolic_build
@@ -66,6 +68,7 @@ def _epoch_iterator() -> Any:
 FIXES: tuple[Fix, ...] = (
     *symbolic_build.FIXES, *scalar_logs.FIXES, *multi_step_functions.FIXES,
     *central_storage_metrics.FIXES, *scaled_losses.FIXES, *backup_and_restore.FIXES,
+    *run_time_refusals.FIXES,
     # Declared here: mid_epoch_resume is also read by tfpar's checkpoints, below this package.
     Fix("mid_epoch_start", "fit starts a resumed epoch at the step its state was saved at "
         "(EpochCheckpoint, BackupAndRestore(save_freq=N)), the batches before it drawn, not "
@@ -138,7 +141,8 @@ def install(names: tuple[str, ...] | None = None) -> None:
 
 def uninstall(names: tuple[str, ...] | None = None) -> None:
     """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
-    for fix in FIXES:
+    # Last installed, first removed: two fixes may wrap one attribute.
+    for fix in reversed(FIXES):
         if (names is None or fix.name in names) and fix.name in _originals:
             owner, _ = fix.target()
             setattr(owner, fix.attribute, _originals.pop(fix.name))
