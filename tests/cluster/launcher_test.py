@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl.testing import parameterized
+import quoted_output
 
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
@@ -121,31 +122,28 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
 
     @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_killed_worker_is_restarted_and_the_job_ends_as_an_uninterrupted_one(self):
-        def job(model_dir, max_restarts=0):
+        # The command and the lines the resume guide quotes (block restart_after_a_kill).
+        def job(model_dir, max_restarts=2):
+            paths = {"/tmp/state": model_dir, "--max_restarts=2": f"--max_restarts={max_restarts}"}
             return subprocess.Popen(
-                [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "--num_workers=2",
-                 f"--max_restarts={max_restarts}", "--", sys.executable,
-                 os.path.join(ROOT, "scripts", "train.py"), "--strategy=multi_worker",
-                 "--dataset=digits", "--batch_size=256", "--epochs=4", "--seed=1",
-                 "--deterministic", f"--model_dir={model_dir}", "--verbose=2"],
+                quoted_output.command("restart_after_a_kill", paths),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
         killed_dir = os.path.join(self.get_temp_dir(), "killed")
-        restarted = job(killed_dir, max_restarts=2)
+        restarted = job(killed_dir)
         try:
-            seen, _ = signal_worker_after(restarted, "Saved training state after epoch 2 ",
-                                          signal.SIGKILL)
+            # Stopped at once, then killed: epoch 3 cannot end without it.
+            seen, worker = signal_worker_after(restarted, "Saved training state after epoch 2 ",
+                                               signal.SIGSTOP)
+            os.kill(worker, signal.SIGKILL)
             output = "".join(seen) + restarted.communicate(timeout=300)[0]
         finally:
             restarted.kill()
         self.assertEqual(restarted.returncode, 0, output[-3000:])
-        self.assertIn("launcher: worker 1 was killed by signal 9; stopped the other workers.",
-                      output)
-        self.assertRegex(output, r"launcher: restart 1 of 2: starting every worker again, "
-                                 r"resuming from epoch [23] in ")
+        quoted_output.assert_quoted("restart_after_a_kill", output, {"/tmp/state": killed_dir})
         uninterrupted_dir = os.path.join(self.get_temp_dir(), "uninterrupted")
-        uninterrupted = job(uninterrupted_dir)
+        uninterrupted = job(uninterrupted_dir, max_restarts=0)
         self.assertEqual(uninterrupted.wait(timeout=300), 0)
         uninterrupted.stdout.close()
         final = [tf.train.load_checkpoint(tf.train.latest_checkpoint(

@@ -198,10 +198,11 @@ class ProcessPreemptionTest(PreemptionTestCase):
 
     # Two runs and a rerun each: the long stage (the copies files' checks are unit-tested in
     # tests/replica_copies_test.py and tests/callbacks/checkpointing_test.py).
-    @pytest.mark.cluster
+    # The mark under the parameters: absl copies it onto each generated test from there.
     @parameterized.parameters(
         ("deleted", "saved with this state is missing. ", "no such file."),
         ("cut", "is not readable. ", "BadZipFile: File is not a zip file."))
+    @pytest.mark.cluster
     def test_a_rerun_with_a_replicas_copies_file_damaged_exits_2_naming_it(self, damage, what,
                                                                            received):
         # ResNet's per-replica BatchNorm: the state saved inside epoch 1 has the replicas' own

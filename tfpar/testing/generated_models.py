@@ -112,14 +112,23 @@ def _layer_makers() -> dict[str, Callable[[str, int], keras.layers.Layer]]:
     }
 
 
+def _recurrent_initializer(dtype: str) -> str:
+    """Keras's default for a recurrent kernel, where Keras can build it: its ``Orthogonal``
+    initializer computes a QR decomposition, which TensorFlow has no bfloat16 kernel for (a
+    GRU of bfloat16 variables fails to build on one device too)."""
+    return "glorot_uniform" if dtype == "bfloat16" else "orthogonal"
+
+
 _RANK_LAYERS: dict[str, dict[str, Callable[[str, int], keras.layers.Layer]]] = {
     "vector": {},
     "image": {"conv": lambda dtype, seed: keras.layers.Conv2D(_FEATURES, 3, padding="same",
                                                               dtype=dtype)},
-    "tokens": {"gru": lambda dtype, seed: keras.layers.GRU(_FEATURES, return_sequences=True,
-                                                           dtype=dtype),
-               "lstm": lambda dtype, seed: keras.layers.LSTM(_FEATURES, return_sequences=True,
-                                                             dtype=dtype)},
+    "tokens": {"gru": lambda dtype, seed: keras.layers.GRU(
+                   _FEATURES, return_sequences=True, dtype=dtype,
+                   recurrent_initializer=_recurrent_initializer(dtype)),
+               "lstm": lambda dtype, seed: keras.layers.LSTM(
+                   _FEATURES, return_sequences=True, dtype=dtype,
+                   recurrent_initializer=_recurrent_initializer(dtype))},
 }
 
 
