@@ -11,6 +11,8 @@ import sys
 from unittest import mock
 
 import numpy as np
+import pytest
+import quoted_output
 import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
@@ -20,7 +22,9 @@ from tfpar import training
 from tfpar.cli import common
 from tfpar.cli import train as train_cli
 from tfpar.cli import train_report
+from tfpar.compat import onednn_state
 from tfpar.errors import ClusterError
+from tfpar.host import machine
 
 FLAGS = flags.FLAGS
 
@@ -61,6 +65,20 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
             np.atleast_1d(states[0].get_tensor(k)).view(np.uint8),
             np.atleast_1d(states[1].get_tensor(k)).view(np.uint8))]
         self.assertEqual(differ, [])
+
+    @pytest.mark.cluster  # Three device sets of ten epochs: about 40 s.
+    def test_the_world_size_invariance_guides_table_is_what_its_command_prints(self):
+        result = subprocess.run(quoted_output.command("world_size_invariance", {}),
+                                capture_output=True, text=True, timeout=600,
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        rows = re.findall(r"^allreduce  \[CPU.*$", result.stdout, re.M)
+        self.assertLen(rows, 3)
+        self.assertLen({row.split()[-4] for row in rows}, 1, rows)  # One test accuracy.
+        cpu = machine.cpu()
+        if (cpu["model"].startswith("AMD EPYC") and cpu["family_model"] == "25/17"
+                and onednn_state.tensorflow_runs_onednn() is not False):
+            quoted_output.assert_quoted("world_size_invariance", result.stdout, {})
 
     def test_output_to_a_file_has_a_plain_line_per_epoch(self):
         # A pipe, as a log file under Slurm, Kubernetes or nohup is: no progress bar redrawn

@@ -15,9 +15,9 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import quoted_output
 import tensorflow as tf
 from absl.testing import parameterized
-import quoted_output
 
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import quoted_output
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -294,6 +295,17 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                  r"\d+)\)", line)
             self.assertIsNotNone(found, f"{page}: {line}")
             self.assertEqual(run.resuming_line(*found.groups()), line)
+
+    def test_every_marked_output_block_is_held_to_a_run_by_a_test(self):
+        # A block marked <!-- output: name --> is the command a test runs and the lines it
+        # prints (tests/quoted_output.py): the test names the block.
+        blocks = quoted_output.blocks()
+        self.assertContainsSubset({"restart_after_a_kill", "world_size_invariance"}, blocks)
+        sources = "".join(read(path) for path in glob.glob(os.path.join(ROOT, "tests", "**",
+                                                                        "*_test.py"),
+                                                           recursive=True))
+        for name in blocks:
+            self.assertIn(f'"{name}"', sources, f"no test runs the output block {name}")
 
     def test_lenets_gradient_size_on_the_benchmarks_page_is_its_parameters(self):
         with tf.device("CPU:0"):

@@ -3,9 +3,9 @@ seed), each held to its entry's promise against one device, or refused in one li
 
 The README suite runs :data:`README_EXAMPLES` cases (in two tests, each over half of
 :data:`RUNS`, which the suite's two processes take at once); the cluster stage
-(``-m cluster``) :data:`CLUSTER_EXAMPLES` more. How many cases each entry got, and with which outcome, is
-reported in the test summary ("generated models" lines). A counterexample becomes a named test
-in ``tests/allreduce/`` or here.
+(``-m cluster``) :data:`CLUSTER_EXAMPLES` more. How many cases each entry got, and with which
+outcome, is reported in the test summary ("generated models" lines). A counterexample becomes a
+named test in ``tests/allreduce/`` or here.
 """
 
 import collections
