@@ -369,7 +369,8 @@ def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
 
 
 def resuming_line(path: str, position: str) -> str:
-    """The line a resumed run prints: ``Resuming from DIR/ckpt-2 (the end of epoch 2)``.
+    """The line a resumed run prints: ``Resuming from DIR/ckpt-12 (the end of epoch 2)`` (a
+    checkpoint's number counts optimizer steps).
 
     Args:
         path: The checkpoint it resumes from.
