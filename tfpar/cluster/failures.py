@@ -17,6 +17,9 @@ _ABORTED = ("unhealthy", "stopped sending heartbeats", "Collective ops is aborte
 _PEER_LOST = (*_ABORTED, "failed to connect to all addresses", "Socket closed",
               "Connection reset by peer", "connection refused")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+# gRPC's text names the peer that failed after "remote target"; the rest of an error's text
+# names the reporting worker's own devices too (its nodes' placement).
+_REMOTE = re.compile(r"remote target (/job:\w+/replica:\d+/task:\d+)")
 
 
 def lost_peers(message: str) -> list[str] | None:
@@ -28,7 +31,9 @@ def lost_peers(message: str) -> list[str] | None:
     """
     if not any(phrase.lower() in message.lower() for phrase in _PEER_LOST):
         return None
-    named = message.split("unhealthy", 1)[1] if "unhealthy" in message else message
+    remote = _REMOTE.findall(message)
+    named = (message.split("unhealthy", 1)[1] if "unhealthy" in message
+             else " ".join(remote) if remote else message)
     tasks = []
     for job, index in _TASK.findall(named):
         if f"{job} {index}" not in tasks:
