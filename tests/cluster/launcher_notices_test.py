@@ -1,6 +1,6 @@
-"""The launcher's supervision at the edges: the status after a notice, a notice at any moment
-(between two rounds, while workers start), a second notice inside a worker, and each local
-worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
+"""Tests of :mod:`tfpar.cluster.launcher` at the edges of its supervision: the status after a
+notice, a notice at any moment (between two rounds, while workers start), a second notice inside
+a worker, and each local worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
 
 import io
 import os
