@@ -95,6 +95,16 @@ class KerasFixesTest(testing.StrategyTestCase, parameterized.TestCase):
                                         "(?s)Graph execution error.*a batch of more"):
                 model.fit(data.batch(10), verbose=0)
 
+    def test_removing_one_of_two_fixes_on_one_method_keeps_the_other(self):
+        strategy = self.strategy("mirrored", 2)  # Installs the fixes.
+        keras_fixes.uninstall(("multi_step_train_function",))
+        with strategy.scope():
+            model = RefusesBatchesOfMoreThanFour([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        data = tf.data.Dataset.from_tensor_slices((tf.ones((12, 3)), tf.ones((12, 1))))
+        with self.assertRaisesRegex(errors.ConfigError, r"^a batch of more than 4 examples\.$"):
+            model.fit(data.batch(10), verbose=0)
+
     def test_uneven_first_batch_trains_with_the_fix(self):
         history = fit_first_batch_of_five(self.strategy("mirrored", 2))
         self.assertTrue(np.isfinite(history.history["loss"][0]))

@@ -58,7 +58,6 @@ from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
 from tfpar.compat import keras_fixes
 from tfpar.compat import keras_internals
-from tfpar.compat import onednn_state
 from tfpar.compat import optimizer_apply
 from tfpar.compat.keras_fixes import scaled_losses
 from tfpar.errors import ConfigError
@@ -218,34 +217,32 @@ def aggregated_state(model: keras.Model) -> list[str]:
             and not v.path.endswith("seed_generator_state")]
 
 
-_CONVOLUTIONS = tuple(getattr(keras.layers, name) for name in (
-    "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
-    "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "ConvLSTM1D",
-    "ConvLSTM2D", "ConvLSTM3D") if hasattr(keras.layers, name))
-
 EMPTY_SHARD_REFUSAL = (
     "A batch left a replica (or one of its accumulation_steps micro-batches) without "
     "examples, and this model must run on every replica (a layer synchronizes across "
-    "replicas, or assigns a variable with an aggregation) while the oneDNN convolution of "
-    "TensorFlow fails on an empty batch; give every batch at least replicas x "
-    "accumulation_steps examples (drop_remainder=True, or a batch size that leaves a last "
-    "batch that large), or start TensorFlow with TF_ENABLE_ONEDNN_OPTS=0.")
-"""The refusal of a step that would run a convolution on an empty shard with oneDNN's kernels
-(TensorFlow 2.21 with oneDNN on: the convolution of an empty batch fails, "input depth must be
-evenly divisible by filter depth"; its kernels without oneDNN return the empty result). No
+    "replicas, or assigns a variable with an aggregation) while it convolves, which the "
+    "CPU kernels of TensorFlow cannot do on an empty batch; give every batch at least "
+    "replicas x accumulation_steps examples (drop_remainder=True, or a batch size that "
+    "leaves a last batch that large).")
+"""The refusal of a step that would run a convolution on an empty shard of a CPU device.
+TensorFlow 2.21's CPU kernels: with oneDNN, the convolution of an empty batch fails ("input
+depth must be evenly divisible by filter depth"); without it, the depthwise convolution's
+filter gradient of an empty batch is uninitialised memory (up to 1e34 in the weights). No
 quote marks: TensorFlow escapes them in an assertion's text."""
 
 
-def _convolves(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer`` is, or holds, one of Keras's convolution layers."""
-    return isinstance(layer, _CONVOLUTIONS) or any(
-        _convolves(inner) for inner in getattr(layer, "layers", ()))
+def _convolves(model: keras.Model) -> bool:
+    """Whether ``model`` holds a convolution's kernel: a variable of three or more dimensions
+    (Keras's convolution layers', wherever they are held, and a kernel a layer convolves with
+    itself; a dense or embedding kernel has two)."""
+    return any(len(v.shape) >= 3 for v in model.trainable_variables)
 
 
 def empty_shard_fails(model: keras.Model) -> bool:
-    """Whether running ``model`` on an empty shard fails: it convolves, and TensorFlow runs its
-    oneDNN kernels (or cannot say whether it does)."""
-    return _convolves(model) and onednn_state.tensorflow_runs_onednn() is not False
+    """Whether running ``model`` on an empty shard fails or goes wrong: it convolves, on CPU
+    devices (GPUs' kernels are not known to: they are not refused)."""
+    devices = model.distribute_strategy.extended.worker_devices
+    return _convolves(model) and any("CPU" in device.upper() for device in devices)
 
 
 def _unknown_if_empty(tensor: Any) -> Any:

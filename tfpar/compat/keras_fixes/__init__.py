@@ -141,11 +141,19 @@ def install(names: tuple[str, ...] | None = None) -> None:
 
 def uninstall(names: tuple[str, ...] | None = None) -> None:
     """Restores Keras's own code (all, or the fixes named): for tests that show the defects."""
-    # Last installed, first removed: two fixes may wrap one attribute.
+    named = [fix for fix in FIXES
+             if (names is None or fix.name in names) and fix.name in _originals]
+    # Two fixes may wrap one attribute: the others on a named fix's attribute are taken off
+    # with it (last installed, first) and put back after.
+    stacked = [fix for fix in FIXES if fix.name in _originals and fix not in named
+               and any(fix.attribute == other.attribute
+                       and fix.target()[0] is other.target()[0] for other in named)]
     for fix in reversed(FIXES):
-        if (names is None or fix.name in names) and fix.name in _originals:
+        if fix in named or fix in stacked:
             owner, _ = fix.target()
             setattr(owner, fix.attribute, _originals.pop(fix.name))
+    if stacked:
+        install(tuple(fix.name for fix in stacked))
 
 
 def installed() -> bool:
