@@ -109,6 +109,14 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         result = run_python(block(name), self.get_temp_dir())
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
 
+    def test_keras_distribution_blocks_train_on_every_device_with_the_options_named(self):
+        result = run_python(block("keras_distribution_example"), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertEqual(result.stdout.split()[-1], "2")
+        result = run_python(block("keras_distribution_options"), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("'virtual_replicas': 4", result.stdout)
+
     @classmethod
     def defined_flags(cls) -> dict[str, set[str]]:
         """Each script's flags, as its program defines them."""

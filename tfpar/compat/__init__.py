@@ -22,6 +22,8 @@ against (:mod:`.versions`) and a test that fails without it:
   at (installed with :mod:`.keras_fixes`);
 - :mod:`.multi_worker_cpus`: a multi-worker strategy's replicas on a worker's logical CPU
   devices (TensorFlow's takes one CPU device per worker);
+- :mod:`.keras_distribution`: where ``keras.distribution`` on the TensorFlow backend is hooked
+  (``set_distribution``, the backend's missing functions), for :mod:`tfpar.keras_distribution`;
 - :mod:`.coordination_values`: keys the workers of a job share through the coordination
   service (the step every worker stops at after a preemption notice).
 

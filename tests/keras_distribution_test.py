@@ -1,0 +1,142 @@
+"""Tests of :mod:`tfpar.keras_distribution` (and its hook, :mod:`tfpar.compat.keras_distribution`):
+Keras's own ``keras.distribution.DataParallel`` trains data-parallel on TensorFlow through a tfpar
+entry, ends where the entry ends, and what tfpar cannot run is refused in one line."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfpar import keras_distribution
+from tfpar import strategies
+from tfpar import testing
+from tfpar.compat import keras_distribution as keras_hook
+from tfpar.errors import ConfigError
+from tfpar.errors import RegistryError
+
+
+def build() -> keras.Model:
+    """The same compiled model each call: LayerNorm, Adam (seeded; no per-replica BatchNorm
+    statistics nor random streams, so several devices compute what one does)."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+        keras.layers.LayerNormalization(), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def data() -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(21, 6)).astype("float32")
+    y = rng.integers(0, 3, size=21)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # A last batch of 5.
+
+
+def weights(model: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(v) for v in model.trainable_variables]
+
+
+class KerasDistributionTest(testing.StrategyTestCase):
+    NUM_DEVICES = 4
+
+    def setUp(self):
+        super().setUp()
+        keras_distribution.install()
+        self.addCleanup(keras_distribution.uninstall)
+        self.addCleanup(keras.distribution.set_distribution, None)
+
+    def fit_under(self, distribution) -> keras.Model:
+        keras.distribution.set_distribution(distribution)
+        try:
+            model = build()
+        finally:
+            keras.distribution.set_distribution(None)
+        model.fit(data(), epochs=2, verbose=0)
+        return model
+
+    def test_list_devices_are_the_logical_cpu_devices(self):
+        self.assertEqual(keras.distribution.list_devices(), ["cpu:0", "cpu:1", "cpu:2", "cpu:3"])
+        self.assertEqual(keras.distribution.get_device_count(), 4)
+
+    def test_data_parallel_ends_where_the_entry_ends_and_near_one_device(self):
+        one_device = build()
+        one_device.fit(data(), epochs=2, verbose=0)
+        for count in (2, 4):
+            devices = keras.distribution.list_devices()[:count]
+            model = self.fit_under(keras.distribution.DataParallel(devices=devices))
+            self.assertEqual(model.distribute_strategy.num_replicas_in_sync, count)
+            self.assertEqual(strategies.selection(model.distribute_strategy).name, "allreduce")
+            with strategies.get("allreduce", count).scope():
+                entry = build()
+            entry.fit(data(), epochs=2, verbose=0)
+            for mine, theirs, reference in zip(weights(model), weights(entry),
+                                               weights(one_device)):
+                self.assertAllEqual(mine, theirs)  # Bit for bit: the entry's own run.
+                self.assertAllClose(mine, reference, rtol=1e-5, atol=1e-6)
+            self.assertReplicasInSync(model)
+            self.assertEqual(model.evaluate(data(), verbose=0),
+                             entry.evaluate(data(), verbose=0))
+            self.assertAllEqual(model.predict(data(), verbose=0),
+                                entry.predict(data(), verbose=0))
+
+    def test_by_mesh_with_neither_and_through_its_scope(self):
+        mesh = keras.distribution.DeviceMesh((2,), ["batch"], devices=["cpu:0", "cpu:1"])
+        model = self.fit_under(keras.distribution.DataParallel(device_mesh=mesh))
+        self.assertEqual(model.distribute_strategy.num_replicas_in_sync, 2)
+        model = self.fit_under(keras.distribution.DataParallel())
+        self.assertEqual(model.distribute_strategy.num_replicas_in_sync, 4)
+        with keras.distribution.DataParallel(devices=["cpu:2", "cpu:3"]).scope():
+            model = build()
+        self.assertIsNone(keras.distribution.distribution())
+        self.assertFalse(tf.distribute.has_strategy())  # The scope's strategy left with it.
+        model.fit(data(), verbose=0)
+        self.assertEqual(model.distribute_strategy.extended.worker_devices,
+                         ("/job:localhost/replica:0/task:0/device:CPU:2",
+                          "/job:localhost/replica:0/task:0/device:CPU:3"))
+
+    def test_the_entry_and_its_options_are_chosen_keras_style(self):
+        keras_distribution.install("mirrored")
+        model = self.fit_under(keras.distribution.DataParallel(devices=["cpu:0", "cpu:1"]))
+        self.assertEqual(strategies.selection(model.distribute_strategy).name, "mirrored")
+        model = self.fit_under(keras_distribution.DataParallel(
+            devices=["cpu:0", "cpu:1"], strategy="allreduce", virtual_replicas=4))
+        selection = strategies.selection(model.distribute_strategy)
+        self.assertEqual((selection.name, selection.options["virtual_replicas"]),
+                         ("allreduce", 4))
+        with self.assertRaisesRegex(RegistryError, "virtual_replicas"):
+            keras_distribution.DataParallel(strategy="mirrored", virtual_replicas=4)
+
+    def test_what_tfpar_cannot_run_is_refused_in_one_line_and_nothing_is_set(self):
+        mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"],
+                                             devices=keras.distribution.list_devices())
+        refused = [
+            lambda: keras.distribution.set_distribution(keras.distribution.ModelParallel(
+                layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")),
+            lambda: keras.distribution.set_distribution(
+                keras_distribution.DataParallel(device_mesh=mesh)),
+            lambda: keras.distribution.distribute_tensor(
+                tf.ones((4, 2)), keras.distribution.TensorLayout(["batch", None], mesh)),
+            lambda: keras.distribution.initialize(num_processes=2, process_id=0),
+        ]
+        for refuse in refused:
+            with self.assertRaises(ConfigError) as caught:
+                refuse()
+            self.assertNotIn("\n", str(caught.exception))
+            self.assertIsNone(keras.distribution.distribution())
+            self.assertFalse(tf.distribute.has_strategy())
+        self.assertRegex(str(caught.exception), r"runs in one process; .*num_processes=2\.$")
+        with strategies.get("mirrored", 2).scope(), self.assertRaisesRegex(
+                ConfigError, "inside a tf.distribute strategy's scope"):
+            keras.distribution.set_distribution(keras.distribution.DataParallel())
+
+    def test_without_tfpar_keras_trains_on_one_device(self):
+        # What Keras 3.15 does alone on TensorFlow: the distribution is accepted, and the model
+        # trains under the default strategy, every variable on one device.
+        keras_distribution.uninstall()
+        self.assertFalse(keras_hook.installed())
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        model = build()
+        keras.distribution.set_distribution(None)
+        self.assertEqual(model.distribute_strategy.num_replicas_in_sync, 1)
+        self.assertFalse(hasattr(keras.src.backend.distribution_lib, "num_processes"))

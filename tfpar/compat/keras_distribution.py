@@ -1,0 +1,108 @@
+"""Where tfpar hooks into Keras's distribution API on the TensorFlow backend.
+
+Keras 3 has one backend-neutral way to say "data parallel", ``keras.distribution``. Its
+TensorFlow backend is a stub (``keras/src/backend/tensorflow/distribution_lib.py`` begins "DO
+NOT USE"; upstream: keras-team/keras#18983): ``list_devices`` works, ``initialize``,
+``num_processes``, ``process_id``, ``distribute_tensor``, ``distribute_variable`` and
+``distribute_data_input`` are missing, and ``set_distribution`` changes nothing the TensorFlow
+trainer reads (a model trains under the ``tf.distribute`` strategy it was built under). No
+public API lets a library act when a distribution is set or fill in a backend's functions, so
+this module, behind the Keras version gate (:func:`tfpar.compat.versions.keras_skip_reason`):
+
+- wraps ``set_distribution`` where Keras keeps it (``keras.src.distribution.distribution_lib``,
+  which ``Distribution.scope`` calls) and where users call it (``keras.distribution``): the
+  given callback runs first, and may refuse the distribution (an exception: nothing is set);
+- sets the functions the TensorFlow backend lacks on its module (those it has are left).
+
+What the callback and the functions do is :mod:`tfpar.keras_distribution`'s. Checked on Keras
+3.15.1 (the stub is the same from 3.0 to 3.15) and the preview 3.16.0.dev2026102704. Fails
+without it: ``tests/keras_distribution_test.py``
+(``test_without_tfpar_keras_trains_on_one_device``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from tfpar.compat import versions
+
+_KERAS = "keras.src.distribution.distribution_lib"
+_PUBLIC = "keras.distribution"
+_BACKEND = "keras.src.backend.tensorflow.distribution_lib"
+_SET = "set_distribution"
+_original_set: Callable[[Any], None] | None = None
+_added: list[str] = []
+
+
+def skip_reason() -> str | None:
+    """Why the hook cannot be installed here (``None``: it can)."""
+    if keras.backend.backend() != "tensorflow":
+        return f"Keras runs the {keras.backend.backend()} backend, not TensorFlow"
+    reason = versions.keras_skip_reason(keras.version())
+    if reason:
+        return reason
+    try:
+        module = importlib.import_module(_KERAS)
+        importlib.import_module(_BACKEND)
+    except ImportError as e:
+        return f"Keras's distribution modules are not where they were read ({e})"
+    if not callable(getattr(module, "set_distribution", None)):
+        return f"{_KERAS} has no set_distribution"
+    return None
+
+
+def install(on_set: Callable[[Any], None], backend: Mapping[str, Callable[..., Any]]) -> None:
+    """Runs ``on_set(distribution)`` before Keras sets a distribution, and gives the TensorFlow
+    backend the functions in ``backend`` it does not define; idempotent (a second call replaces
+    the callback and the functions).
+
+    Raises:
+        RuntimeError: Where :func:`skip_reason` says it cannot (its reason).
+    """
+    global _original_set
+    reason = skip_reason()
+    if reason:
+        raise RuntimeError(reason)
+    module, public = importlib.import_module(_KERAS), importlib.import_module(_PUBLIC)
+    if _original_set is None:
+        _original_set = getattr(module, _SET)
+    original = _original_set
+
+    @functools.wraps(original)
+    def set_distribution(value):
+        on_set(value)
+        original(value)
+
+    set_distribution._tfpar_hook = True  # type: ignore[attr-defined]
+    for owner in (module, public):
+        setattr(owner, _SET, set_distribution)
+    backend_module = importlib.import_module(_BACKEND)
+    for name, function in backend.items():
+        if name in _added or not hasattr(backend_module, name):
+            setattr(backend_module, name, function)
+            if name not in _added:
+                _added.append(name)
+
+
+def uninstall() -> None:
+    """Restores Keras's own ``set_distribution`` and its backend's module: for tests that
+    show what Keras does alone."""
+    global _original_set
+    if _original_set is not None:
+        for owner in (_KERAS, _PUBLIC):
+            setattr(importlib.import_module(owner), _SET, _original_set)
+        _original_set = None
+    backend_module = importlib.import_module(_BACKEND)
+    while _added:
+        delattr(backend_module, _added.pop())
+
+
+def installed() -> bool:
+    """Whether the hook is installed."""
+    return _original_set is not None
