@@ -139,4 +139,3 @@ class KerasDistributionTest(testing.StrategyTestCase):
         model = build()
         keras.distribution.set_distribution(None)
         self.assertEqual(model.distribute_strategy.num_replicas_in_sync, 1)
-        self.assertFalse(hasattr(keras.src.backend.distribution_lib, "num_processes"))
