@@ -2,13 +2,19 @@
 Keras's own ``keras.distribution.DataParallel`` trains data-parallel on TensorFlow through a tfpar
 entry, ends where the entry ends, and what tfpar cannot run is refused in one line."""
 
+import io
+import os
+import sys
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfpar import keras_distribution
 from tfpar import strategies
 from tfpar import testing
+from tfpar.cluster import launcher
 from tfpar.compat import keras_distribution as keras_hook
 from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
@@ -125,7 +131,8 @@ class KerasDistributionTest(testing.StrategyTestCase):
             self.assertNotIn("\n", str(caught.exception))
             self.assertIsNone(keras.distribution.distribution())
             self.assertFalse(tf.distribute.has_strategy())
-        self.assertRegex(str(caught.exception), r"runs in one process; .*num_processes=2\.$")
+        self.assertRegex(str(caught.exception), r"needs every process's host:port .*"
+                                                r"0 addresses for num_processes=2")
         with strategies.get("mirrored", 2).scope(), self.assertRaisesRegex(
                 ConfigError, "inside a tf.distribute strategy's scope"):
             keras.distribution.set_distribution(keras.distribution.DataParallel())
@@ -139,3 +146,31 @@ class KerasDistributionTest(testing.StrategyTestCase):
         model = build()
         keras.distribution.set_distribution(None)
         self.assertEqual(model.distribute_strategy.num_replicas_in_sync, 1)
+
+
+@pytest.mark.cluster  # Two jobs of two processes: `pytest -m cluster`.
+class AcrossProcessesTest(tf.test.TestCase):
+
+    def job(self, path: str, local_devices: int) -> tuple[list[np.ndarray], str]:
+        output = os.path.join(self.get_temp_dir(), f"{path}_{local_devices}.npz")
+        out = io.StringIO()
+        worker = os.path.join(os.path.dirname(__file__), "cluster",
+                              "keras_distribution_worker.py")
+        status = launcher.launch([sys.executable, worker, path, str(local_devices), output], 2,
+                                 out=out)
+        self.assertEqual(status, 0, out.getvalue()[-3000:])
+        return list(np.load(output).values()), out.getvalue()
+
+    def test_a_data_parallel_over_every_process_trains_as_the_entry_does(self):
+        for local_devices in (1, 2):
+            mine, output = self.job("keras", local_devices)
+            every = " ".join(f"cpu:{i}" for i in range(2 * local_devices))
+            self.assertIn(f"[worker 1] devices {every}", output)
+            self.assertIn(f"[worker 0] entry multi_worker_allreduce {2 * local_devices}", output)
+            theirs, _ = self.job("entry", local_devices)
+            for a, b in zip(mine, theirs):
+                self.assertAllEqual(a, b)
+        one_device = build()
+        one_device.fit(data(), epochs=2, verbose=0)
+        for a, b in zip(mine, weights(one_device)):
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)

@@ -21,20 +21,32 @@ What it does, on the TensorFlow backend:
   ``fit``, ``evaluate`` and ``predict`` run as under the entry itself;
 - the entry and its options are :func:`install`'s, or one distribution's through
   :class:`DataParallel` (``DataParallel(strategy="allreduce", virtual_replicas=4)``);
+- across processes (a job under ``tfpar-launch``, Slurm, Kubernetes or Ray, as the
+  ``multi_worker*`` entries find it; or ``keras.distribution.initialize`` with every process's
+  address), :func:`keras.distribution.list_devices` lists every process's devices
+  (``cpu:0`` .. ``cpu:N-1``, process by process), and a ``DataParallel`` over all of them
+  trains through the entry's multi-worker form (``allreduce``: ``multi_worker_allreduce``,
+  ``mirrored``: ``multi_worker``) on this process's share; ``auto_shard_dataset=False`` leaves
+  a ``tf.data`` input unsharded (each process reads its own);
 - what tfpar cannot do is refused in one line (:class:`~tfpar.errors.ConfigError`) and
   nothing is set: ``ModelParallel``, a mesh of more than one axis, a sharded
-  ``distribute_tensor``, several processes (run the ``multi_worker*`` entries there).
+  ``distribute_tensor``, a mesh of some processes' devices only.
 
 The hook into Keras is :mod:`tfpar.compat.keras_distribution`'s (no public API serves).
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from tfpar import devices as devices_lib
+from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_distribution as keras_hook
 from tfpar.errors import ConfigError
 from tfpar.strategies import registry
@@ -44,16 +56,20 @@ DEFAULT_ENTRY = "allreduce"
 exact all-reduce step (every example weighs the same, every optimizer feature as on one
 device)."""
 
-_SUPPORTED = ("keras.distribution.DataParallel over a 1-D mesh of this process's devices, "
-              "trained through a tfpar entry")
+_SUPPORTED = ("keras.distribution.DataParallel over a 1-D mesh of devices, trained through a "
+              "tfpar entry")
+_MULTI_WORKER = {"allreduce": "multi_worker_allreduce", "mirrored": "multi_worker"}
+"""The entry a single-process entry's ``DataParallel`` trains through across processes."""
 
 
 class _Choice:
-    """The entry and options :func:`install` chose, and the strategy tfpar made current."""
+    """The entry and options :func:`install` chose, the strategy tfpar made current, and, in a
+    job of several processes, the job's one strategy."""
 
     entry: str = DEFAULT_ENTRY
     options: dict[str, Any] = {}
     current: tf.distribute.Strategy | None = None
+    job: tf.distribute.Strategy | None = None
 
 
 class DataParallel(keras.distribution.DataParallel):
@@ -108,12 +124,16 @@ def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
     if reason:
         raise ConfigError(f"tfpar cannot run keras.distribution here: {reason}.")
     _Choice.entry, _Choice.options = strategy, dict(options)
-    keras_hook.install(_on_set, {"get_device_count": _device_count,
-                                 "num_processes": lambda: 1, "process_id": lambda: 0,
+    keras_hook.install(_on_set, {"list_devices": list_devices,
+                                 "get_device_count": _device_count,
+                                 "num_processes": lambda: processes()[0],
+                                 "process_id": lambda: processes()[1],
                                  "initialize": _initialize,
                                  "distribute_tensor": _distribute_tensor,
                                  "distribute_variable": _distribute_tensor,
                                  "distribute_data_input": _distribute_data_input})
+    if processes()[0] > 1:
+        job_strategy()
     current = keras.distribution.distribution()
     if current is not None:
         _on_set(current)
@@ -125,6 +145,72 @@ def uninstall() -> None:
         tf.distribute.experimental_set_strategy(None)
     _Choice.current = None
     keras_hook.uninstall()
+
+
+def processes() -> tuple[int, int]:
+    """``(how many processes the job has, this one's index)``: its chief and workers as the
+    ``multi_worker`` entries find them (``TF_CONFIG``, Slurm, Kubernetes), chief first;
+    ``(1, 0)`` for a process alone."""
+    resolver = cluster_spec.resolver("auto")
+    if resolver is None:
+        return 1, 0
+    cluster = resolver.cluster_spec().as_dict()
+    jobs = [job for job in ("chief", "worker") if cluster.get(job)]
+    if not jobs:
+        return 1, 0
+    count = sum(len(cluster[job]) for job in jobs)
+    before = len(cluster.get("chief", ())) if resolver.task_type == "worker" else 0
+    return count, before + int(resolver.task_id)
+
+
+def job_strategy() -> tf.distribute.Strategy:
+    """The strategy of a job of several processes: the chosen entry's multi-worker form
+    (``allreduce``: ``multi_worker_allreduce``, ``mirrored``: ``multi_worker``) over this
+    process's devices (its GPUs, else its logical CPU devices), made once, before TensorFlow
+    starts its context (which a multi-worker strategy must precede).
+
+    Raises:
+        ConfigError: For an entry that cannot span processes, or where TensorFlow started
+            before (one line saying what to call first).
+    """
+    if _Choice.job is None:
+        entry = _Choice.entry
+        if not registry.entry(entry).multi_process:
+            if entry not in _MULTI_WORKER:
+                names = sorted({*_MULTI_WORKER, *_MULTI_WORKER.values()})
+                raise ConfigError(f"Across processes a DataParallel trains through "
+                                  f"{', '.join(names)}. Received: {entry!r}.")
+            entry = _MULTI_WORKER[entry]
+        try:
+            _Choice.job = registry.get(entry, len(_local_devices()), **_Choice.options)
+        except RuntimeError as e:  # "Collective ops must be configured at program startup".
+            raise ConfigError(
+                "Across processes tfpar makes the job's strategy before TensorFlow starts: call "
+                "tfpar.keras_distribution.install() (and keras.distribution.initialize()) before "
+                f"anything else runs TensorFlow. TensorFlow said: {e}") from None
+    return _Choice.job
+
+
+def _local_devices(device_type: str | None = None) -> list[str]:
+    """This process's devices in Keras's words (``gpu:0``, ``cpu:1``), without starting
+    TensorFlow: its GPUs, else its logical CPU devices."""
+    kind = (device_type or ("gpu" if devices_lib.gpu_count() else "cpu")).lower()
+    count = devices_lib.gpu_count() if kind == "gpu" else devices_lib.logical_cpu_count()
+    return [f"{kind}:{i}" for i in range(count)]
+
+
+def list_devices(device_type: str | None = None) -> list[str]:
+    """``keras.distribution.list_devices`` through tfpar: Keras's list (the GPUs, else the
+    logical CPU devices) in one process; across processes every process's, numbered process
+    by process (each process has as many as this one)."""
+    count, _ = processes()
+    if count == 1:
+        own = keras_hook.backend_function("list_devices")
+        return list(own(device_type)) if own is not None else []
+    local = _local_devices(device_type)
+    job_strategy()
+    kind = local[0].split(":")[0]
+    return [f"{kind}:{i}" for i in range(count * len(local))]
 
 
 def strategy_of(distribution: keras.distribution.Distribution) -> tf.distribute.Strategy:
@@ -147,9 +233,32 @@ def strategy_of(distribution: keras.distribution.Distribution) -> tf.distribute.
         own_options = getattr(distribution, "strategy_options", {})
         entry = own_entry or _Choice.entry
         options = own_options if own_entry or own_options else _Choice.options
-        made = registry.get(entry, [str(d) for d in mesh.devices.tolist()], **options)
+        devices = [str(d) for d in mesh.devices.tolist()]
+        count, _ = processes()
+        if count > 1:
+            made = _across_processes(devices, count, own_entry, own_options)
+        else:
+            made = registry.get(entry, devices, **options)
+        if not distribution.auto_shard_dataset:
+            made.tfpar_auto_shard = False  # Read by TfparStrategy.experimental_distribute_dataset.
         distribution._tfpar_strategy = made
     return made
+
+
+def _across_processes(devices: Sequence[str], count: int, own_entry: str | None,
+                      own_options: dict[str, Any]) -> tf.distribute.Strategy:
+    """The job's strategy, for a mesh of every process's devices."""
+    every = list_devices(devices[0].split(":")[0] if devices else None)
+    if sorted(devices) != sorted(every):
+        raise ConfigError(f"Across {count} processes a DataParallel trains on every process's "
+                          f"devices ({', '.join(every)}; keras.distribution.list_devices()). "
+                          f"Received: {', '.join(devices)}.")
+    if own_entry or own_options:
+        raise ConfigError("Across processes a job has one strategy, made before TensorFlow "
+                          "starts: name its entry and options in "
+                          "tfpar.keras_distribution.install(), not in a DataParallel. "
+                          f"Received: strategy={own_entry!r}, options={own_options}.")
+    return job_strategy()
 
 
 def _on_set(value: keras.distribution.Distribution | None) -> None:
@@ -169,11 +278,27 @@ def _device_count(device_type: str | None = None) -> int:
 
 def _initialize(job_addresses: Any = None, num_processes: int | None = None,
                 process_id: int | None = None) -> None:
-    if num_processes not in (None, 1):
+    """``keras.distribution.initialize``: under a launcher or scheduler the job is what it set
+    (the arguments, if given, must agree); else every process's address makes ``TF_CONFIG``."""
+    count, index = processes()
+    if count > 1 or num_processes in (None, 1):
+        if num_processes not in (None, count) or process_id not in (None, index):
+            raise ConfigError(
+                f"This process is {index} of {count} in the job its launcher or scheduler "
+                f"set. Received: num_processes={num_processes}, process_id={process_id}.")
+        return
+    addresses = (job_addresses.split(",") if isinstance(job_addresses, str)
+                 else list(job_addresses or ()))
+    if len(addresses) != num_processes or process_id is None:
         raise ConfigError(
-            "keras.distribution on TensorFlow through tfpar runs in one process; across "
-            "processes run the multi_worker or multi_worker_allreduce entry under tfpar-launch. "
-            f"Received: num_processes={num_processes}.")
+            "keras.distribution.initialize of several processes needs every process's "
+            "host:port (job_addresses, or KERAS_DISTRIBUTION_JOB_ADDRESSES) and this one's "
+            f"process_id. Received: {len(addresses)} addresses for num_processes="
+            f"{num_processes}, process_id={process_id}.")
+    config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": process_id}}
+    cluster_spec.parse_tf_config(json.dumps(config))  # One line if malformed.
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    job_strategy()
 
 
 def _distribute_tensor(value: Any, layout: Any) -> Any:

@@ -12,7 +12,9 @@ this module, behind the Keras version gate (:func:`tfpar.compat.versions.keras_s
 - wraps ``set_distribution`` where Keras keeps it (``keras.src.distribution.distribution_lib``,
   which ``Distribution.scope`` calls) and where users call it (``keras.distribution``): the
   given callback runs first, and may refuse the distribution (an exception: nothing is set);
-- sets the functions the TensorFlow backend lacks on its module (those it has are left).
+- sets the given functions on the TensorFlow backend's module: those it lacks, and
+  ``list_devices`` where a job's devices span several processes (restored by
+  :func:`uninstall`).
 
 What the callback and the functions do is :mod:`tfpar.keras_distribution`'s. Checked on Keras
 3.15.1 (the stub is the same from 3.0 to 3.15) and the preview 3.16.0.dev2026102704. Fails
@@ -37,7 +39,7 @@ _PUBLIC = "keras.distribution"
 _BACKEND = "keras.src.backend.tensorflow.distribution_lib"
 _SET = "set_distribution"
 _original_set: Callable[[Any], None] | None = None
-_added: list[str] = []
+_replaced: dict[str, Any] = {}  # The backend's own function, or None where it had none.
 
 
 def skip_reason() -> str | None:
@@ -58,9 +60,9 @@ def skip_reason() -> str | None:
 
 
 def install(on_set: Callable[[Any], None], backend: Mapping[str, Callable[..., Any]]) -> None:
-    """Runs ``on_set(distribution)`` before Keras sets a distribution, and gives the TensorFlow
-    backend the functions in ``backend`` it does not define; idempotent (a second call replaces
-    the callback and the functions).
+    """Runs ``on_set(distribution)`` before Keras sets a distribution, and sets the functions
+    in ``backend`` on the TensorFlow backend's module; idempotent (a second call replaces the
+    callback and the functions).
 
     Raises:
         RuntimeError: Where :func:`skip_reason` says it cannot (its reason).
@@ -84,10 +86,16 @@ def install(on_set: Callable[[Any], None], backend: Mapping[str, Callable[..., A
         setattr(owner, _SET, set_distribution)
     backend_module = importlib.import_module(_BACKEND)
     for name, function in backend.items():
-        if name in _added or not hasattr(backend_module, name):
-            setattr(backend_module, name, function)
-            if name not in _added:
-                _added.append(name)
+        if name not in _replaced:
+            _replaced[name] = getattr(backend_module, name, None)
+        setattr(backend_module, name, function)
+
+
+def backend_function(name: str) -> Callable[..., Any] | None:
+    """The TensorFlow backend's own ``name`` (``None`` where it has none), installed or not."""
+    if name in _replaced:
+        return _replaced[name]
+    return getattr(importlib.import_module(_BACKEND), name, None)
 
 
 def uninstall() -> None:
@@ -99,8 +107,12 @@ def uninstall() -> None:
             setattr(importlib.import_module(owner), _SET, _original_set)
         _original_set = None
     backend_module = importlib.import_module(_BACKEND)
-    while _added:
-        delattr(backend_module, _added.pop())
+    for name, original in _replaced.items():
+        if original is None:
+            delattr(backend_module, name)
+        else:
+            setattr(backend_module, name, original)
+    _replaced.clear()
 
 
 def installed() -> bool:

@@ -58,6 +58,7 @@ class _AllReduceStep(TfparStrategy):
     def experimental_distribute_dataset(self, dataset, options=None):
         """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set, and
         by shard position under ``virtual_replicas``."""
+        dataset = self.sharded_as_asked(dataset)
         if self.step_options.virtual_replicas:
             return virtual_replicas.distribute_by_position(
                 self, dataset, self.step_options.virtual_replicas, options)

@@ -118,10 +118,22 @@ class TfparStrategy(_StrategyBase):
         figures). On a GPU, or with ``options``, the input
         path is TensorFlow's (which prefetches onto the device).
         """
+        dataset = self.sharded_as_asked(dataset)
         if options is None and self._is_one_host_replica():
             # A new dataset object (same pipeline): the user's own is left as it was.
             return releasing_iterators(dataset.with_options(tf.data.Options()))
         return releasing_iterators(super().experimental_distribute_dataset(dataset, options))
+
+    def sharded_as_asked(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """``dataset``, left unsharded across workers where its strategy was made for a
+        ``keras.distribution.DataParallel(auto_shard_dataset=False)``
+        (:mod:`tfpar.keras_distribution`): each worker reads its own input then."""
+        if getattr(self, "tfpar_auto_shard", True) or not isinstance(dataset, tf.data.Dataset):
+            return dataset
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        return dataset.with_options(options)
 
     def _is_one_host_replica(self) -> bool:
         devices = self.extended.worker_devices
