@@ -9,13 +9,20 @@ is faster); the median and the range of the rounds are printed, with the CPU and
 Usage (from a checkout with tfpar installed; about a minute on 2 cores)::
 
     python benchmarks/keras_distribution.py [--devices=2] [--entry=allreduce] [--batch=256]
-        [--steps=60] [--rounds=5]
+        [--steps=60] [--rounds=5] [--out=benchmarks/results/NAME.json]
+
+``--out`` keeps the run as a results file: the command, the CPU, the versions, the date and
+every round.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import statistics
+import sys
 import time
 
 
@@ -26,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default="")
     args = parser.parse_args()
 
     import tfpar
@@ -62,10 +70,11 @@ def main() -> None:
         model.fit(data, epochs=1, verbose=0)
         return time.perf_counter() - start
 
-    ratios = []
+    ratios, rounds = [], []
     for round_index in range(args.rounds):
         keras_time, entry_time = seconds(through_keras), seconds(through_entry)
         ratios.append(entry_time / keras_time)
+        rounds.append({"keras_distribution_seconds": keras_time, "entry_seconds": entry_time})
         print(f"round {round_index + 1}: keras.distribution {keras_time:.2f} s, "
               f"{args.entry} {entry_time:.2f} s, ratio {ratios[-1]:.3f}", flush=True)
     print(f"{machine.describe_cpu()}; TensorFlow {tf.__version__}, Keras {keras.version()}; "
@@ -73,6 +82,17 @@ def main() -> None:
           f"devices, entry {args.entry}")
     print(f"speed of keras.distribution.DataParallel relative to the entry: median "
           f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"command": " ".join(["python", *sys.argv]),
+                       "date": datetime.date.today().isoformat(),
+                       "cpu": machine.describe_cpu(), "cpu_info": machine.cpu(),
+                       "versions": {"tensorflow": tf.__version__, "keras": keras.version(),
+                                    "tfpar": tfpar.__version__},
+                       "flags": {"TF_ENABLE_ONEDNN_OPTS": os.environ.get(
+                           "TF_ENABLE_ONEDNN_OPTS", "unset (tfpar's choice)")},
+                       "rounds": rounds, "median_ratio": statistics.median(ratios)},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ is checked for flags that the script defines.
 """
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -314,6 +315,16 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                                            recursive=True))
         for name in blocks:
             self.assertIn(f'"{name}"', sources, f"no test runs the output block {name}")
+
+    def test_the_keras_distribution_figures_are_those_of_their_results_file(self):
+        with open(os.path.join(ROOT, "benchmarks", "results",
+                               "keras_distribution_2026-11-29_zen4.json"), encoding="utf-8") as f:
+            results = json.load(f)
+        ratios = [r["entry_seconds"] / r["keras_distribution_seconds"] for r in results["rounds"]]
+        page = read(os.path.join(ROOT, "docs", "benchmarks.md"))
+        self.assertIn(f"median **{results['median_ratio']:.3f}** (rounds {min(ratios):.3f}-"
+                      f"{max(ratios):.3f})", page)
+        self.assertIn(f"{len(ratios)} interleaved rounds", page)
 
     def test_lenets_gradient_size_on_the_benchmarks_page_is_its_parameters(self):
         with tf.device("CPU:0"):
