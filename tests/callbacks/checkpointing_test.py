@@ -55,6 +55,38 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             self.assertEqual(protocol.ProgressRecord.read(record),
                              protocol.ProgressRecord((1, 0), (1, 3), directory))
 
+    def test_saves_every_n_steps_of_an_epoch_but_its_last_and_on_several_steps_per_call(self):
+        directory = self.get_temp_dir()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                   save_every_steps=3)
+        checkpoint.set_model(model)
+        checkpoint.set_params({"steps": 9})
+        saved = []
+        with mock.patch.object(checkpoint, "save_inside_epoch",
+                               side_effect=lambda epoch, steps: saved.append((epoch, steps))):
+            checkpoint.on_train_begin()
+            checkpoint.on_epoch_begin(1)
+            for batch in range(9):  # Steps 3 and 6; 9 is the epoch's end.
+                checkpoint.on_train_batch_end(batch, {"loss": 1.0})
+            checkpoint.on_epoch_begin(2)
+            for batch in (1, 3, 5, 7):  # Two steps per call: 2, 4 (past 3), 6, 8 (past 6).
+                checkpoint.on_train_batch_end(batch, {"loss": 1.0})
+            checkpoint.on_train_batch_end(8, {"loss": float("nan")})
+        self.assertEqual(saved, [(1, 3), (1, 6), (2, 4), (2, 6)])
+
+    def test_a_bad_save_interval_is_one_line(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        for bad in (-1, 2.5, True):
+            with self.assertRaisesRegex(ConfigError, r"^save_every_steps is a number of steps, "
+                                                     r"0 or more .*Received: "):
+                checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                              save_every_steps=bad)
+
     def test_a_diverged_epoch_is_not_saved(self):
         directory, checkpoint = self.saved_once()
         finite = tf.train.latest_checkpoint(directory)

@@ -15,6 +15,7 @@ of the partly trained epoch, summed over the replicas in another order, within f
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from unittest import mock
@@ -182,8 +183,10 @@ class ExactResumeCase(testing.StrategyTestCase):
         seeds = SeedsPerStep()
         callbacks: list[keras.callbacks.Callback] = [AverageAtEpochEnd(strategy)]
         initial_epoch = 0
-        if interruption == "notice":
-            checkpoint = EpochCheckpoint(folder, model, strategy)
+        if interruption in ("notice", "every_steps_kill"):
+            checkpoint = EpochCheckpoint(
+                folder, model, strategy,
+                save_every_steps=3 if interruption == "every_steps_kill" else 0)
             initial_epoch = checkpoint.restore()
             callbacks += [checkpoint, SaveOnPreemption(checkpoint, exit_process=False)]
         else:
@@ -220,9 +223,16 @@ class ExactResumeCase(testing.StrategyTestCase):
             where = "the end of epoch 2" if stop == 5 else f"epoch 2 step {stop}"
             self.assertIn(f"state saved at {where}", stopped.exception.message)
             preemption.NOTICE.reset()
-        else:  # Saved after step 6 (epoch 2 step 1), killed after step 8.
+        else:  # Killed after step 8 (epoch 2 step 3), after the save there (every 3 steps)
+            # or after step 6 (BackupAndRestore's every 3).
             with self.assertRaisesRegex(RuntimeError, "killed"):
                 self.fit(entry, model_name, parts, CrashAt(8), **kwargs)
+            if interruption == "every_steps_kill":  # The last save: epoch 2 step 3.
+                with open(os.path.join(parts, EpochCheckpoint.POSITIONS_FILE),
+                          encoding="utf-8") as f:
+                    positions = json.load(f)
+                latest = os.path.basename(tf.train.latest_checkpoint(parts))
+                self.assertEqual(positions[latest], [1, 3])
         resumed, history, seeds = self.fit(entry, model_name, parts, **kwargs)
 
         self.assertSameState(state(whole), state(resumed))
@@ -297,11 +307,12 @@ class TornBackupTest(ExactResumeCase):
 # and with accumulated gradients.
 CELLS = [(f"_{entry}_{model_name}_{interruption}", entry, model_name, interruption)
          for entry in ("mirrored", "allreduce") for model_name in MODELS
-         for interruption in ("notice", "backup_and_restore_kill")]
+         for interruption in ("notice", "backup_and_restore_kill", "every_steps_kill")]
 # What the default suite runs of them: each model, entry and interruption at least once.
 CROSS_SECTION = ("_mirrored_small_resnet_notice", "_allreduce_users_functional_notice",
                  "_mirrored_users_functional_backup_and_restore_kill",
-                 "_allreduce_lenet_backup_and_restore_kill")
+                 "_allreduce_lenet_backup_and_restore_kill",
+                 "_allreduce_users_functional_every_steps_kill")
 
 
 class ExactResumeTest(ExactResumeCase):

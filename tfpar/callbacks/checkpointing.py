@@ -70,7 +70,8 @@ class _FileList(tf.train.experimental.PythonState):
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
-    """Saves training state at the end of every epoch and restores the latest one.
+    """Saves training state at the end of every epoch (and, with ``save_every_steps``, inside
+    it) and restores the latest one.
 
     Args:
         directory: Where checkpoints live (``--model_dir``).
@@ -80,6 +81,13 @@ class EpochCheckpoint(keras.callbacks.Callback):
         made_with: What the state is made with (model, dataset, optimizer, ...), saved beside
             it as ``made_with.json``: a restore into a run made with something else is refused
             with the difference, instead of a shape error or a silent resume.
+        save_every_steps: Also save inside an epoch, after every this many of its steps (0:
+            at epochs' ends only), so that a kill without notice loses at most that many
+            steps; a run restored from such a save resumes at its step, bit for bit. Every
+            worker saves at the same steps (the count is the job's, not a clock's).
+
+    Raises:
+        ConfigError: If ``save_every_steps`` is negative or not an integer.
     """
 
     MADE_WITH_FILE = "made_with.json"
@@ -98,8 +106,17 @@ class EpochCheckpoint(keras.callbacks.Callback):
     FILE_LIST = "replica_copies_files"
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
-                 max_to_keep: int = 2, made_with: dict[str, Any] | None = None):
+                 max_to_keep: int = 2, made_with: dict[str, Any] | None = None,
+                 save_every_steps: int = 0):
         super().__init__()
+        if isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) \
+                or save_every_steps < 0:
+            raise ConfigError("save_every_steps is a number of steps, 0 or more (0: save at "
+                              f"epochs' ends only). Received: {save_every_steps!r}.",
+                              argument="save_every_steps")
+        self.save_every_steps = save_every_steps
+        self._epoch = 0
+        self._saved_step = 0  # The step of the current epoch its state was last saved at.
         self.directory = directory
         self.made_with = json.loads(json.dumps(made_with or {}))  # As it reads back.
         self._made_with_written = False
@@ -328,16 +345,33 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return int(self.epochs_done.numpy()), int(self.steps_done.numpy())
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._saved_step = epoch, 0
         if self._began:
             return
         self._began = True  # The first epoch of this fit: resumes at the restored step.
         if self.resume_step and epoch == int(self.epochs_done.numpy()):
+            self._saved_step = self.resume_step
             mid_epoch_resume.start_next_epoch_at(self.resume_step)
             mid_epoch_resume.assign_metric_values(self.model, self._resume_metrics)
             logging.info("Epoch %d resumes at step %d.", epoch + 1, self.resume_step)
 
     def on_train_begin(self, logs=None):
         self._began = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.save_every_steps:
+            return
+        steps = batch + 1  # Of this epoch (Keras numbers a resumed epoch's from its step).
+        if steps // self.save_every_steps <= self._saved_step // self.save_every_steps:
+            return  # No multiple of the interval reached since the last save (several steps
+            # per call move on by several).
+        if steps >= ((self.params or {}).get("steps") or math.inf):
+            return  # The epoch's last step: its end saves.
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            return  # A diverged state is never saved (as at an epoch's end).
+        self._saved_step = steps
+        self.save_inside_epoch(self._epoch, steps)
 
     def _save(self, epochs: int, steps: int) -> str:
         """Writes the history (chief) and the checkpoint of the position ``(epochs finished,

@@ -71,6 +71,9 @@ class TrainConfig:
         model_dir: Save training state here after every epoch and at a preemption notice (one
             sub-folder per device set), to resume after a crash, kill or preemption; unset: not
             saved.
+        save_every_steps: With ``model_dir``, also save inside an epoch after every this many
+            of its steps, so that a kill without notice loses at most that many (0: at
+            epochs' ends and notices only); a run resumes at the step saved, bit for bit.
         resume: Resume from the state in ``model_dir`` when there is some (false starts from
             scratch and overwrites it).
         preemption_signal: The preemption notice besides SIGTERM (e.g. what Slurm's
@@ -114,6 +117,7 @@ class TrainConfig:
     verbose: int | str = AUTO
     chief_only_progress: bool = True
     model_dir: str | None = None
+    save_every_steps: int = 0
     resume: bool = True
     preemption_signal: str = field(preemption.DEFAULT_NOTICE_SIGNAL,
                                    choices=preemption.NOTICE_SIGNALS)
@@ -140,6 +144,10 @@ class TrainConfig:
                f"{{argument}} must be a number >= 0. {received}{self.warmup_epochs!r}.")
         _check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs",
                f"{{argument}} must be an integer >= 1. {received}{self.epochs!r}.")
+        _check(isinstance(self.save_every_steps, int)
+               and not isinstance(self.save_every_steps, bool) and self.save_every_steps >= 0,
+               "save_every_steps", f"{{argument}} must be an integer >= 0 (0: at epochs' ends "
+               f"only). {received}{self.save_every_steps!r}.")
         _check(0 <= self.momentum < 1, "momentum",
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",

@@ -386,7 +386,8 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
                  "dtype": config.dtype, "sync_batchnorm": config.sync_batchnorm,
                  # A step inside an epoch means the same examples at the same global batch.
                  "global_batch_size": config.for_devices(len(device_set))[0]}
-    checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with)
+    checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with,
+                                 save_every_steps=config.save_every_steps)
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
@@ -395,8 +396,10 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
         print(f"Not resuming: training from scratch; {directory} will be "
               "overwritten.", flush=True)
     else:
+        every = (f"every {config.save_every_steps} steps and " if config.save_every_steps
+                 else "")
         print(f"No saved training state in {directory}: training from scratch; state is saved "
-              "there after every epoch.", flush=True)
+              f"there {every}after every epoch.", flush=True)
     return checkpoint
 
 
