@@ -137,6 +137,26 @@ class KerasDistributionTest(testing.StrategyTestCase):
                 ConfigError, "inside a tf.distribute strategy's scope"):
             keras.distribution.set_distribution(keras.distribution.DataParallel())
 
+    def test_a_model_built_without_the_distribution_is_refused_by_fit_while_it_is_set(self):
+        plain = build()
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        with self.assertRaisesRegex(ConfigError, r"^The model .* was built outside the "
+                                                 r"strategy its train_step runs under"):
+            plain.fit(data(), verbose=0)
+        keras.distribution.set_distribution(None)
+        plain.fit(data(), verbose=0)
+
+    def test_an_install_that_refuses_the_distribution_set_installs_nothing(self):
+        keras_distribution.uninstall()
+        mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"],
+                                             devices=keras.distribution.list_devices())
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(
+            layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch"))
+        with self.assertRaisesRegex(ConfigError, "ModelParallel shards"):
+            keras_distribution.install()
+        self.assertFalse(keras_hook.installed())
+        self.assertFalse(tf.distribute.has_strategy())
+
     def test_without_tfpar_keras_trains_on_one_device(self):
         # What Keras 3.15 does alone on TensorFlow: the distribution is accepted, and the model
         # trains under the default strategy, every variable on one device.
@@ -170,7 +190,9 @@ class AcrossProcessesTest(tf.test.TestCase):
             theirs, _ = self.job("entry", local_devices)
             for a, b in zip(mine, theirs):
                 self.assertAllEqual(a, b)
+        self.assertEqual(mine[-1].shape, (21, 3))  # Every example predicted, in order.
         one_device = build()
         one_device.fit(data(), epochs=2, verbose=0)
-        for a, b in zip(mine, weights(one_device)):
+        for a, b in zip(mine, [*weights(one_device), one_device.evaluate(data(), verbose=0),
+                               one_device.predict(data(), verbose=0)]):
             self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)

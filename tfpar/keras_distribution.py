@@ -58,6 +58,9 @@ device)."""
 
 _SUPPORTED = ("keras.distribution.DataParallel over a 1-D mesh of devices, trained through a "
               "tfpar entry")
+_DISTRIBUTION = keras.distribution.DataParallel.__base__
+"""Keras's base class of distributions (public as ``DataParallel``'s and ``ModelParallel``'s
+base only)."""
 _MULTI_WORKER = {"allreduce": "multi_worker_allreduce", "mirrored": "multi_worker"}
 """The entry a single-process entry's ``DataParallel`` trains through across processes."""
 
@@ -84,8 +87,8 @@ class DataParallel(keras.distribution.DataParallel):
         **options: The entry's options (``virtual_replicas=4``, ``algorithm="ring"``, ...).
 
     Raises:
-        RegistryError: If the entry or an option is unknown.
-        TfparError: If the entry rejects an option's value.
+        RegistryError: If the entry or an option is unknown (an option's value is checked when
+            the distribution is set, where its strategy is made).
     """
 
     def __init__(self, device_mesh: keras.distribution.DeviceMesh | None = None,
@@ -114,10 +117,11 @@ def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
         **options: The entry's options.
 
     Raises:
-        RegistryError: If the entry or an option is unknown.
-        TfparError: If the entry rejects an option's value.
+        RegistryError: If the entry or an option is unknown (an option's value is checked when
+            a distribution is set, where its strategy is made).
         ConfigError: If Keras runs another backend, or a Keras release tfpar was not verified
-            against (the reason, in one line).
+            against (the reason, in one line); or if the distribution already set is one tfpar
+            cannot run (then nothing is installed).
     """
     registry.choose(strategy, **options)
     reason = keras_hook.skip_reason()
@@ -126,8 +130,10 @@ def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
     _Choice.entry, _Choice.options = strategy, dict(options)
     keras_hook.install(_on_set, {"list_devices": list_devices,
                                  "get_device_count": _device_count,
-                                 "num_processes": lambda: processes()[0],
-                                 "process_id": lambda: processes()[1],
+                                 # What Keras asks to decide whether it splits the input
+                                 # itself: TensorFlow's strategy splits it, so Keras never
+                                 # does (it would split it twice); processes() tells the job.
+                                 "num_processes": lambda: 1, "process_id": lambda: 0,
                                  "initialize": _initialize,
                                  "distribute_tensor": _distribute_tensor,
                                  "distribute_variable": _distribute_tensor,
@@ -136,7 +142,11 @@ def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
         job_strategy()
     current = keras.distribution.distribution()
     if current is not None:
-        _on_set(current)
+        try:
+            _on_set(current)
+        except Exception:
+            uninstall()  # Refused: nothing installed, nothing set.
+            raise
 
 
 def uninstall() -> None:
@@ -208,17 +218,22 @@ def list_devices(device_type: str | None = None) -> list[str]:
         own = keras_hook.backend_function("list_devices")
         return list(own(device_type)) if own is not None else []
     local = _local_devices(device_type)
+    if not local:
+        return []
     job_strategy()
     kind = local[0].split(":")[0]
     return [f"{kind}:{i}" for i in range(count * len(local))]
 
 
-def strategy_of(distribution: keras.distribution.Distribution) -> tf.distribute.Strategy:
+def strategy_of(distribution: Any) -> tf.distribute.Strategy:
     """The strategy a ``DataParallel`` trains through (made once per distribution).
 
     Raises:
         ConfigError: For a distribution tfpar cannot run (one line naming what it runs).
     """
+    if not isinstance(distribution, _DISTRIBUTION):
+        raise ConfigError(f"set_distribution takes a keras.distribution.Distribution; tfpar "
+                          f"runs {_SUPPORTED}. Received: {distribution!r}.")
     if not isinstance(distribution, keras.distribution.DataParallel):
         raise ConfigError(f"tfpar runs {_SUPPORTED}; {type(distribution).__name__} shards "
                           "variables or tensors, which it cannot. Received: "
@@ -239,9 +254,10 @@ def strategy_of(distribution: keras.distribution.Distribution) -> tf.distribute.
             made = _across_processes(devices, count, own_entry, own_options)
         else:
             made = registry.get(entry, devices, **options)
-        if not distribution.auto_shard_dataset:
-            made.tfpar_auto_shard = False  # Read by TfparStrategy.experimental_distribute_dataset.
         distribution._tfpar_strategy = made
+    # Read by TfparStrategy.experimental_distribute_dataset; a job's one strategy takes each
+    # distribution's as it is set.
+    made.tfpar_auto_shard = bool(distribution.auto_shard_dataset)
     return made
 
 
@@ -261,7 +277,7 @@ def _across_processes(devices: Sequence[str], count: int, own_entry: str | None,
     return job_strategy()
 
 
-def _on_set(value: keras.distribution.Distribution | None) -> None:
+def _on_set(value: Any) -> None:
     """Before Keras sets ``value``: makes its strategy current (``None``: none)."""
     if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not _Choice.current:
         raise ConfigError("keras.distribution.set_distribution (or a distribution's scope) was "
@@ -280,15 +296,24 @@ def _initialize(job_addresses: Any = None, num_processes: int | None = None,
                 process_id: int | None = None) -> None:
     """``keras.distribution.initialize``: under a launcher or scheduler the job is what it set
     (the arguments, if given, must agree); else every process's address makes ``TF_CONFIG``."""
-    count, index = processes()
-    if count > 1 or num_processes in (None, 1):
-        if num_processes not in (None, count) or process_id not in (None, index):
-            raise ConfigError(
-                f"This process is {index} of {count} in the job its launcher or scheduler "
-                f"set. Received: num_processes={num_processes}, process_id={process_id}.")
-        return
     addresses = (job_addresses.split(",") if isinstance(job_addresses, str)
                  else list(job_addresses or ()))
+    count, index = processes()
+    if count > 1:
+        resolver = cluster_spec.resolver("auto")
+        jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
+        every = [address for job in ("chief", "worker") for address in jobs.get(job, ())]
+        if (num_processes not in (None, count) or process_id not in (None, index)
+                or (addresses and addresses != every)):
+            raise ConfigError(
+                f"This process is {index} of {count} ({', '.join(every)}) in the job its "
+                f"launcher or scheduler set. Received: num_processes={num_processes}, "
+                f"process_id={process_id}, job_addresses={job_addresses!r}.")
+        return
+    if num_processes is None and len(addresses) > 1:
+        num_processes = len(addresses)
+    if num_processes in (None, 1):
+        return
     if len(addresses) != num_processes or process_id is None:
         raise ConfigError(
             "keras.distribution.initialize of several processes needs every process's "

@@ -33,6 +33,7 @@ from keras import tree
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat.iterator_release import releasing_iterators
+from tfpar.strategies.refusals import MODEL_BUILT_ELSEWHERE
 from tfpar.strategies.refusals import XLA_ON_CPU_REPLICAS
 from tfpar.strategies.refusals import KerasStep
 from tfpar.strategies.refusals import Refusal
@@ -54,7 +55,8 @@ class TfparStrategy(_StrategyBase):
 
     refusals: ClassVar[tuple[Refusal, ...]] = ()
     #: Checked under every tfpar strategy, before the class's own :attr:`refusals`.
-    common_refusals: ClassVar[tuple[Refusal, ...]] = (XLA_ON_CPU_REPLICAS,)
+    common_refusals: ClassVar[tuple[Refusal, ...]] = (MODEL_BUILT_ELSEWHERE,
+                                                      XLA_ON_CPU_REPLICAS)
     refusal_alternative: ClassVar[str] = (
         "Train with the 'allreduce' strategy (or 'multi_worker_allreduce' across workers), "
         "whose step applies it exactly.")

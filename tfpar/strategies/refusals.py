@@ -25,6 +25,8 @@ the base class checks them once per ``Strategy.run`` of a model's step. As of Te
   the versions it was verified against; :mod:`tfpar.compat.keras_fixes`).
 - :data:`XLA_ON_CPU_REPLICAS` (every tfpar strategy, :attr:`TfparStrategy.common_refusals`):
   ``jit_compile=True`` on several replicas with a CPU among them (see :func:`check_xla`).
+- :data:`MODEL_BUILT_ELSEWHERE` (every tfpar strategy): a model built outside the strategy its
+  step runs under (TensorFlow fails deep in the update with a bare ``AssertionError``).
 
 The all-reduce step (Keras's ``train_step`` under ``allreduce`` and ``multi_worker_allreduce``)
 applies every optimizer feature above exactly (:mod:`tfpar.allreduce.step`), so the optimizer
@@ -188,6 +190,24 @@ def _xla_on_cpu_replicas(strategy: TfparStrategy, step: KerasStep) -> None:
     check_xla(step.model.jit_compile, strategy)
 
 
+def _model_built_elsewhere(strategy: TfparStrategy, step: KerasStep) -> None:
+    variables = step.model.trainable_variables
+    if not variables:
+        return
+    value = getattr(variables[0], "value", variables[0])
+    if strategy.extended.variable_created_in_scope(value):
+        return
+    # Refused while Keras traces its train function: a new one is made for the next fit (which
+    # may run where the model was built), not this one traced again.
+    step.model.train_function = None
+    raise ConfigError(
+        f"The model {step.model.name!r} was built outside the strategy its {step.name} runs "
+        f"under ({type(strategy).__name__}), whose replicas hold no copies of its variables. "
+        "Build it in the strategy's scope (or while the keras.distribution distribution is "
+        "set), or run it where it was built (after "
+        "keras.distribution.set_distribution(None), or outside the other scope).")
+
+
 def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
     steps = step.model.steps_per_execution
     if steps == 1 or strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):
@@ -228,6 +248,9 @@ MULTI_STEP_EXECUTION = Refusal("multi_step_execution", KERAS_STEPS, _multi_step_
 """: ``steps_per_execution > 1``: refused across workers where tfpar's fix is not applied."""
 XLA_ON_CPU_REPLICAS = Refusal("xla_on_cpu_replicas", KERAS_STEPS, _xla_on_cpu_replicas)
 """: ``jit_compile=True`` on several replicas with a CPU among them: refused by every strategy."""
+MODEL_BUILT_ELSEWHERE = Refusal("model_built_elsewhere", ("train_step",), _model_built_elsewhere)
+""": A model whose variables were created outside the strategy it runs under (built without
+the ``keras.distribution`` distribution set when ``fit`` runs): refused by every strategy."""
 
 OWN_STEP_WITH_VIRTUAL_REPLICAS = Refusal("own_step_with_virtual_replicas", ("train_step",),
                                          _own_step_with_virtual_replicas)
