@@ -30,18 +30,38 @@ from typing import ClassVar
 import tensorflow as tf
 from keras import tree
 
+from tfpar import errors
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat.iterator_release import releasing_iterators
+from tfpar.strategies.refusals import KERAS_STEP_EMPTY_REPLICA
 from tfpar.strategies.refusals import MODEL_BUILT_ELSEWHERE
 from tfpar.strategies.refusals import XLA_ON_CPU_REPLICAS
 from tfpar.strategies.refusals import KerasStep
 from tfpar.strategies.refusals import Refusal
+from tfpar.strategies.refusals import empty_replica_fails
 
 if TYPE_CHECKING:  # A tf.distribute.Strategy for type checkers; ``object`` at run time.
     from tensorflow.distribute import Strategy as _StrategyBase
 else:
     _StrategyBase = object
+
+
+def _refusing_an_empty_replica(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (Keras's step), which first asserts its replica got examples
+    (:data:`~tfpar.strategies.refusals.KERAS_STEP_EMPTY_REPLICA`, raised by ``fit`` as one
+    line)."""
+
+    def step(data, *args, **kwargs):
+        first = next((t for t in tree.flatten(data) if tf.is_tensor(t) and t.shape.rank), None)
+        if first is None:
+            return fn(data, *args, **kwargs)
+        check = tf.debugging.Assert(tf.shape(first)[0] > 0,
+                                    [errors.RUN_TIME_REFUSAL + KERAS_STEP_EMPTY_REPLICA])
+        with tf.control_dependencies([check]):
+            return fn(data, *args, **kwargs)
+
+    return step
 
 
 class TfparStrategy(_StrategyBase):
@@ -98,6 +118,8 @@ class TfparStrategy(_StrategyBase):
             for refusal in (*self.common_refusals, *self.refusals):
                 refusal(self, step)
         if replacement is None:
+            if step is not None and empty_replica_fails(self, step):
+                fn = _refusing_an_empty_replica(fn)
             return super().run(fn, args=args, kwargs=kwargs, options=options)
         logs = super().run(replacement, args=args, kwargs=kwargs, options=options)
         logs = tree.map_structure(lambda v: self.experimental_local_results(v)[0], logs)

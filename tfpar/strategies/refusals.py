@@ -208,6 +208,47 @@ def _model_built_elsewhere(strategy: TfparStrategy, step: KerasStep) -> None:
         "keras.distribution.set_distribution(None), or outside the other scope).")
 
 
+KERAS_STEP_EMPTY_REPLICA = (
+    "A batch left a replica without examples, and the step of Keras (which this entry runs) "
+    "runs the model there, which this model cannot do: on CPU devices a convolution fails "
+    "(with oneDNN) or trains on uninitialised memory (a depthwise one, without it), and the "
+    "moving statistics of BatchNormalization become NaN; give every batch at least as many "
+    "examples as replicas (drop_remainder=True, or a batch size that leaves a last batch that "
+    "large), or train with allreduce, whose step skips an empty shard.")
+"""The refusal of Keras's step on a replica without examples, for a model that cannot run
+there. No quote marks: TensorFlow escapes them in an assertion's text."""
+
+
+def empty_replica_fails(strategy: tf.distribute.Strategy, step: KerasStep) -> bool:
+    """Whether ``step`` (Keras's, run on every replica) fails or goes wrong on a replica
+    without examples: the model holds a convolution's kernel (three or more dimensions) on CPU
+    devices, or, training, a BatchNormalization that is not synchronized."""
+    if strategy.num_replicas_in_sync == 1:
+        return False
+    model = step.model
+    on_cpu = any("CPU" in device.upper() for device in strategy.extended.worker_devices)
+    convolves = on_cpu and any(len(v.shape) >= 3 for v in model.trainable_variables)
+    normalizes = step.name == "train_step" and any(
+        isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
+        for layer in _layers(model))
+    return convolves or normalizes
+
+
+def _layers(layer: Any, seen: set[int] | None = None) -> list[Any]:
+    """``layer`` and every layer it holds (in ``layers``, or as an attribute)."""
+    seen = set() if seen is None else seen
+    if id(layer) in seen or not isinstance(layer, keras.layers.Layer):
+        return []
+    seen.add(id(layer))
+    found = [layer]
+    held = list(getattr(layer, "layers", None) or ())
+    for value in vars(layer).values():
+        held += value if isinstance(value, (list, tuple)) else [value]
+    for inner in held:
+        found += _layers(inner, seen)
+    return found
+
+
 def _multi_step_execution(strategy: TfparStrategy, step: KerasStep) -> None:
     steps = step.model.steps_per_execution
     if steps == 1 or strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):

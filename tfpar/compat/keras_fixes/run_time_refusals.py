@@ -1,6 +1,7 @@
 """Fix: a refusal that only a step's data can reveal reaches ``fit``'s caller as one line.
 
-**Refusals raised inside the compiled step** (``make_train_function``). Some conditions tfpar
+**Refusals raised inside the compiled step** (``make_train_function``,
+``make_test_function``, ``make_predict_function``). Some conditions tfpar
 must refuse are known only when a batch arrives (a replica given no examples by a model that
 cannot run on none: :data:`tfpar.allreduce.step.EMPTY_SHARD_REFUSAL`). The step asserts them
 with ``tf.debugging``, and TensorFlow raises a failed assertion as
@@ -29,11 +30,11 @@ from tfpar.compat.keras_fixes import fix
 from tfpar.compat.keras_fixes.fix import Fix
 
 
-def _wrap_make_train_function(original: Callable) -> Callable:
+def _wrap_make_function(original: Callable, attribute: str) -> Callable:
     @functools.wraps(original)
-    def make_train_function(self, force=False):
+    def make_function(self, force=False):
         made = original(self, force=force)
-        function = self.train_function
+        function = getattr(self, attribute)
         if function is None or getattr(function, "_tfpar_refusals_raised", False):
             return made
 
@@ -48,13 +49,18 @@ def _wrap_make_train_function(original: Callable) -> Callable:
                 raise errors.ConfigError(line) from None
 
         refusals_raised._tfpar_refusals_raised = True  # type: ignore[attr-defined]
-        self.train_function = refusals_raised
+        setattr(self, attribute, refusals_raised)
         return made if made is None else refusals_raised
 
-    return make_train_function
+    return make_function
 
 
-FIXES = (Fix("run_time_refusals", "a refusal only a batch can reveal, asserted inside the "
-             "compiled step, is raised by fit as one line (a ConfigError), not as "
-             "TensorFlow's error of graph nodes", fix.tf_trainer_class, "make_train_function",
-             _wrap_make_train_function, parameters=("self", "force")),)
+FIXES = tuple(
+    Fix(name, "a refusal only a batch can reveal, asserted inside the compiled step, is "
+        f"raised by {uses} as one line (a ConfigError), not as TensorFlow's error of graph "
+        "nodes", fix.tf_trainer_class, f"make_{kind}_function",
+        functools.partial(_wrap_make_function, attribute=f"{kind}_function"),
+        parameters=("self", "force"))
+    for name, kind, uses in (("run_time_refusals", "train", "fit"),
+                             ("run_time_refusals_test", "test", "evaluate"),
+                             ("run_time_refusals_predict", "predict", "predict")))
