@@ -36,7 +36,8 @@ class EnvTest(tf.test.TestCase):
             "backup_chief_writes", "backup_chief_deletes", "backup_state_beyond_weights",
             "backup_epoch_count",
             "scaled_loss_records", "scaled_loss_marks", "scaled_compute_loss_marks",
-            "mean_of_scaled_losses", "run_time_refusals", "mid_epoch_start"])
+            "mean_of_scaled_losses", "run_time_refusals", "run_time_refusals_test",
+            "run_time_refusals_predict", "mid_epoch_start"])
         self.assertIn(info["machine"]["mixed_bfloat16"].split(" ")[0], ("native", "emulated",
                                                                          "unknown"))
         self.assertStartsWith(info["iterator_release"]["applied"], "yes")
