@@ -338,6 +338,10 @@ class ModelCase:
             # Keras's sparse update on one device squares each occurrence of a repeated token
             # in Adam's second moment; tfpar's step squares their sum (the dense gradient).
             return "in_sync"
+        if self.form == "own_train_step" and self.loss == "sum":
+            # A model's own step with a sum loss logs N times the loss on N replicas (its
+            # weights are one device's): a known defect, held by a named expected failure.
+            return "in_sync"
         keras_step = entry in KERAS_STEP_ENTRIES or self.form == "own_train_step"
         if keras_step and (self.optimizer == "clipped"
                            or any(size % num_devices for size in self.batches())):
