@@ -44,6 +44,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfpar.allreduce import step as allreduce_step
 from tfpar.compat import collective_keys
 from tfpar.compat import keras_fixes
 from tfpar.errors import ConfigError
@@ -226,8 +227,7 @@ def empty_replica_fails(strategy: tf.distribute.Strategy, step: KerasStep) -> bo
     if strategy.num_replicas_in_sync == 1:
         return False
     model = step.model
-    on_cpu = any("CPU" in device.upper() for device in strategy.extended.worker_devices)
-    convolves = on_cpu and any(len(v.shape) >= 3 for v in model.trainable_variables)
+    convolves = allreduce_step.empty_shard_fails(model)  # The all-reduce step's rule, shared.
     normalizes = step.name == "train_step" and any(
         isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
         for layer in _layers(model))
