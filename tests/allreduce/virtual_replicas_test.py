@@ -11,6 +11,7 @@ from tfpar import testing
 from tfpar.allreduce import virtual_replicas
 from tfpar.errors import ConfigError
 from tfpar.models import resnet as resnet_lib
+from tfpar.testing import generated_models
 
 IMAGE = (18, 18, 1)
 
@@ -47,6 +48,24 @@ def users_functional() -> keras.Model:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
+
+
+def steps_traced_with_each_replicas_shapes(model: keras.Model, data: tf.data.Dataset,
+                                           strategy: tf.distribute.Strategy) -> list:
+    """Trains one pass as Keras 3.16's ``fit`` does with ``steps_per_execution=1``: the step
+    traced with each replica's batches' static shapes, relaxed only where they change (a
+    replica dealt one example of every batch keeps a static batch of 1)."""
+    distributed = strategy.experimental_distribute_dataset(data)
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+
+    @tf.function(reduce_retracing=True)
+    def step(batch):
+        return strategy.run(model.train_step, args=(batch,))
+
+    for batch in distributed:
+        step(batch)
+    return []
 
 
 def dataset(examples: int = 48, batch: int = 16) -> tf.data.Dataset:
@@ -133,6 +152,18 @@ class UsersModelsTest(testing.StrategyTestCase):
     def test_an_embedding(self):
         self.assertSameOnAnyWorldSize(step_test.embedding_model,
                                       step_test.vectors(18, 8, tokens=True))
+
+    def test_a_replica_whose_batch_size_the_trace_knows(self):
+        # 13 at 5 on 4 devices: replicas 1 and 2 get one example of every batch, so a trace
+        # with static shapes knows their batch size; constant folding then turned the mean's
+        # gradient (a division by 5) into a multiplication by 0.2 there alone: other bits.
+        case = generated_models.ModelCase(
+            inputs="tokens", layers=("dense",), loss="custom", weights="sample",
+            dtype="mixed_bfloat16", examples=13, batch_size=5, seed=2)
+        self.addCleanup(keras.config.set_dtype_policy, "float32")
+        self.assertSameOnAnyWorldSize(case.build, case.dataset(), num_devices=(1, 4),
+                                      seed=case.seed,
+                                      train=steps_traced_with_each_replicas_shapes)
 
     def test_bfloat16(self):
         keras.config.set_dtype_policy("bfloat16")

@@ -245,19 +245,40 @@ def empty_shard_fails(model: keras.Model) -> bool:
     return _convolves(model) and any("CPU" in device.upper() for device in devices)
 
 
-def _unknown_if_empty(tensor: Any) -> Any:
-    """``tensor`` with its batch size left unknown to the trace when it is known to be 0.
+def _batch_size_unknown(data: Any, always: tf.Tensor) -> Any:
+    """``data`` with its tensors' batch size unknown to the trace and to graph optimization.
 
-    Keras traces a step with the first batch's static shapes (Keras 3.16 does, for
-    ``steps_per_execution=1``), so a replica given no examples of that batch sees a static
-    batch of 0, for which Keras's losses return their unreduced per-example values (shape
-    ``(0,)``) instead of a mean, and adding those to a scalar fails while tracing. The step
-    never runs the model on such a shard (it adds zero gradients), but it is traced.
+    Keras traces a step with the batches' static shapes (Keras 3.16 does, for
+    ``steps_per_execution=1``, relaxing a dimension only once it has changed), so whether a
+    replica's batch size is known depends on how the batches happened to be dealt: on 4
+    devices a replica given one example of every batch so far has a static batch of 1, on one
+    device the same shard is cut from a batch whose size changed. Grappler specializes a
+    graph to the sizes it knows (a mean's gradient divides by a known count, which constant
+    folding turns into a multiplication by its reciprocal: other bits), so the same shard's
+    gradient would differ with the world size. A static batch of 0 also makes Keras's losses
+    return their unreduced per-example values (shape ``(0,)``) instead of a mean, which fails
+    while tracing (the step never runs the model on such a shard, but it is traced).
+
+    ``tf.compat.v1.placeholder_with_default`` hides a shape from the trace but not from
+    Grappler, which infers through it. A conditional does: its result's shape is what both
+    branches share, and ``always`` (a scalar ``True`` read from a variable, which Grappler
+    cannot fold) keeps the branch of the other batch size from ever running.
     """
-    if (not tf.is_tensor(tensor) or tensor.shape.rank is None or tensor.shape.rank == 0
-            or tensor.shape[0] != 0):
-        return tensor
-    return tf.compat.v1.placeholder_with_default(tensor, [None, *tensor.shape[1:]])
+    flat = tree.flatten(data)
+    known = [i for i, t in enumerate(flat) if isinstance(t, tf.Tensor)
+             and t.shape.rank is not None and t.shape.rank > 0 and t.shape[0] is not None]
+    if not known:
+        return data
+
+    def other_size():
+        # A batch of another static size (1 where the batch is empty, else 0), never used.
+        return [tf.zeros(tf.concat([[1 if flat[i].shape[0] == 0 else 0],
+                                    tf.shape(flat[i])[1:]], 0), flat[i].dtype) for i in known]
+
+    relaxed = tf.cond(always, lambda: [tf.identity(flat[i]) for i in known], other_size)
+    for i, tensor in zip(known, relaxed):
+        flat[i] = tensor
+    return tree.pack_sequence_as(data, flat)
 
 
 def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]]:
@@ -269,8 +290,7 @@ def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]
 
     def part(j: int):
         return tree.map_structure(
-            lambda t: None if t is None else _unknown_if_empty(t[starts[j]:starts[j] + sizes[j]]),
-            data)
+            lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]], data)
 
     return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
@@ -302,7 +322,7 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
     """
     check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
-        tree.map_structure(_unknown_if_empty, data))
+        _batch_size_unknown(data, model.optimizer.iterations >= 0))
     _check_losses(model, sample_weight)
     step = _ReplicaStep(model, options)
     first_input = next(t for t in tree.flatten(x) if t is not None)
