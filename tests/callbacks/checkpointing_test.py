@@ -77,15 +77,71 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             checkpoint.on_train_batch_end(8, {"loss": float("nan")})
         self.assertEqual(saved, [(1, 3), (1, 6), (2, 4), (2, 6)])
 
-    def test_a_bad_save_interval_is_one_line(self):
+    def test_auto_times_steps_and_a_save_then_saves_within_the_budget(self):
         strategy = self.strategy("mirrored", 2)
         with strategy.scope():
             model = testing.tiny_model()
-        for bad in (-1, 2.5, True):
+        now = [0.0]
+        saved = []
+
+        def save(epoch, steps):  # A save takes 0.1 s.
+            now[0] += 0.1
+            saved.append((epoch, steps))
+
+        with mock.patch("time.perf_counter", lambda: now[0]):
+            checkpoint = checkpointing.EpochCheckpoint(
+                self.get_temp_dir(), model, strategy, save_every_steps="auto")
+        checkpoint.set_model(model)
+        checkpoint.set_params({"steps": 20})
+        out = io.StringIO()
+        with mock.patch.object(checkpoint, "save_inside_epoch", side_effect=save), \
+                contextlib.redirect_stdout(out):
+            checkpoint.on_train_begin()
+            checkpoint.on_epoch_begin(0)
+            for batch in range(20):  # A step takes 1 s.
+                now[0] += 1.0
+                checkpoint.on_train_batch_end(batch, {"loss": 1.0})
+        # Steps 2 to 4 timed, a save at 4 timed: 0.1 s / (2% of 1 s) is every 5 steps.
+        self.assertEqual(saved, [(0, 4), (0, 5), (0, 10), (0, 15)])
+        self.assertEqual(checkpoint.save_every_steps, 5)
+        self.assertEqual(out.getvalue(), checkpoint.interval_chosen + "\n")
+        self.assertRegex(checkpoint.interval_chosen,
+                         r"^Saving every 5 step\(s\) inside an epoch: a save took 0.1 s and a "
+                         r"step 1 s, so saving costs 2.0% of the training time \(budget 2.0%\)"
+                         r"\.$")
+
+    def test_auto_in_a_real_fit_says_its_interval_and_saves_inside_the_epoch(self):
+        directory = self.get_temp_dir()
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy,
+                                                   save_every_steps="auto", save_budget=0.5)
+        data = tf.data.Dataset.from_tensor_slices(
+            (np.zeros((96, 18, 18, 1), np.float32), np.zeros((96,), np.int64))).batch(8)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
+        self.assertRegex(out.getvalue(), r"^Saving every \d+ step\(s\) inside an epoch: ")
+        self.assertIsInstance(checkpoint.save_every_steps, int)
+        self.assertGreaterEqual(checkpoint.save_every_steps, 1)
+        # The save timed at step 4 is a checkpoint inside the epoch.
+        self.assertIn([0, 4], checkpoint._positions().values())
+
+    def test_a_bad_save_interval_or_budget_is_one_line(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        for bad in (-1, 2.5, True, "often"):
             with self.assertRaisesRegex(ConfigError, r"^save_every_steps is a number of steps, "
-                                                     r"0 or more .*Received: "):
+                                                     r"0 or more .*, or 'auto'\. Received: "):
                 checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
                                               save_every_steps=bad)
+        for bad in (0, 1, -0.5, True, "2%"):
+            with self.assertRaisesRegex(ConfigError, r"^save_budget is a fraction of the "
+                                                     r"training time, in \(0, 1\) .*Received: "):
+                checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                              save_every_steps="auto", save_budget=bad)
 
     def test_a_diverged_epoch_is_not_saved(self):
         directory, checkpoint = self.saved_once()

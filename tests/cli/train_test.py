@@ -121,6 +121,15 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("missing_gpu", ["--devices=GPU:3"], r"No such GPU"),
         ("negative_lr", ["--lr=-1"], r"--lr must be a finite number > 0\. Received: --lr=-1"),
         ("zero_epochs", ["--epochs=0"], r"epochs must be an integer >= 1"),
+        ("save_interval_word", ["--save_every_steps=often"],
+         r"--save_every_steps must be an integer >= 0 \(0: at epochs' ends only\) or 'auto'\. "
+         r"Received: --save_every_steps='often'"),
+        ("save_auto_across_workers", ["--strategy=multi_worker", "--save_every_steps=auto"],
+         r"--save_every_steps=auto chooses from one process's timing, and every worker of a job "
+         r"must save at the same steps: give a number of steps for strategy 'multi_worker'\.$"),
+        ("save_budget_percent", ["--save_every_steps=auto", "--save_budget=2"],
+         r"--save_budget must be a fraction in \(0, 1\) \(0\.02: 2%\)\. Received: "
+         r"--save_budget=2"),
         ("batch_below_replicas", ["--num_devices=4", "--batch_size=3"],
          r"global batch size \(3\) is smaller than the number of replicas \(4\)"),
         ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"],

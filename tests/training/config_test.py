@@ -45,3 +45,13 @@ class StrategyFieldTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class SaveIntervalFieldTest(tf.test.TestCase):
+
+    def test_a_number_of_steps_as_a_flag_gives_it_or_auto(self):
+        self.assertEqual(TrainConfig(save_every_steps="12").save_every_steps, 12)
+        self.assertEqual(TrainConfig(save_every_steps="auto").save_every_steps, "auto")
+        self.assertEqual(TrainConfig().save_budget, 0.02)
+        with self.assertRaisesRegex(ConfigError, r"save_every_steps must be an integer >= 0 "):
+            TrainConfig(save_every_steps="-3")

@@ -5,6 +5,8 @@
 - :mod:`.profiling`: :class:`ProfileSteps`, traces steps for TensorBoard's profiler;
 - :mod:`.checkpointing`: :class:`EpochCheckpoint`, kill-and-resume (at an epoch's end or
   inside it);
+- :mod:`.save_interval`: the automatic interval of saves inside an epoch (``save_every_steps=
+  "auto"``), within a budget of the training time;
 - :mod:`.save_on_preemption`: :class:`SaveOnPreemption`, the state saved at the step a preemption
   notice stops the job at;
 - :mod:`.batchnorm_statistics`: :class:`AverageAtEpochEnd`, replicas' BatchNorm statistics

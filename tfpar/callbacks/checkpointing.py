@@ -30,6 +30,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import replica_copies
+from tfpar.callbacks import save_interval
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
 from tfpar.cluster import protocol
@@ -85,9 +86,16 @@ class EpochCheckpoint(keras.callbacks.Callback):
             at epochs' ends only), so that a kill without notice loses at most that many
             steps; a run restored from such a save resumes at its step, bit for bit. Every
             worker saves at the same steps (the count is the job's, not a clock's).
+            ``"auto"``: the most frequent interval whose saves cost at most ``save_budget`` of
+            the training time, chosen after the run's first few steps from their time and a
+            save's (:mod:`tfpar.callbacks.save_interval`), and said in one line (one process;
+            the workers of a job need a number).
+        save_budget: With ``save_every_steps="auto"``, the largest fraction of the training
+            time saving may take (0.02: 2%).
 
     Raises:
-        ConfigError: If ``save_every_steps`` is negative or not an integer.
+        ConfigError: If ``save_every_steps`` is not an integer >= 0 or ``"auto"`` (or
+            ``"auto"`` for a job of several workers), or ``save_budget`` is not in (0, 1).
     """
 
     MADE_WITH_FILE = "made_with.json"
@@ -107,14 +115,28 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None,
-                 save_every_steps: int = 0):
+                 save_every_steps: int | str = 0, save_budget: float = save_interval.BUDGET):
         super().__init__()
-        if isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) \
-                or save_every_steps < 0:
+        if save_every_steps != save_interval.AUTO and (
+                isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int)
+                or save_every_steps < 0):
             raise ConfigError("save_every_steps is a number of steps, 0 or more (0: save at "
-                              f"epochs' ends only). Received: {save_every_steps!r}.",
-                              argument="save_every_steps")
-        self.save_every_steps = save_every_steps
+                              f"epochs' ends only), or {save_interval.AUTO!r}. Received: "
+                              f"{save_every_steps!r}.", argument="save_every_steps")
+        if isinstance(save_budget, bool) or not isinstance(save_budget, (int, float)) \
+                or not 0 < save_budget < 1:
+            raise ConfigError("save_budget is a fraction of the training time, in (0, 1) "
+                              f"(0.02: 2%). Received: {save_budget!r}.", argument="save_budget")
+        if save_every_steps == save_interval.AUTO and cluster_spec.is_multi_worker(strategy):
+            raise ConfigError(f"save_every_steps={save_interval.AUTO!r} chooses from one "
+                              "process's timing, and every worker of a job must save at the "
+                              "same steps: give a number of steps.", argument="save_every_steps")
+        #: The interval of saves inside an epoch in steps (0: none; ``"auto"`` until chosen).
+        self.save_every_steps: int | str = save_every_steps
+        self._chooser = (save_interval.IntervalChooser(save_budget)
+                         if save_every_steps == save_interval.AUTO else None)
+        #: The line that said the interval chosen (``None`` until then).
+        self.interval_chosen: str | None = None
         self._epoch = 0
         self._saved_step = 0  # The step of the current epoch its state was last saved at.
         self.directory = directory
@@ -362,7 +384,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if not self.save_every_steps:
             return
         steps = batch + 1  # Of this epoch (Keras numbers a resumed epoch's from its step).
-        if steps // self.save_every_steps <= self._saved_step // self.save_every_steps:
+        if self._chooser is not None:
+            self._choose_interval(steps, logs)
+            return
+        every = int(self.save_every_steps)
+        if steps // every <= self._saved_step // every:
             return  # No multiple of the interval reached since the last save (several steps
             # per call move on by several).
         if steps >= ((self.params or {}).get("steps") or math.inf):
@@ -372,6 +398,24 @@ class EpochCheckpoint(keras.callbacks.Callback):
             return  # A diverged state is never saved (as at an epoch's end).
         self._saved_step = steps
         self.save_inside_epoch(self._epoch, steps)
+
+    def _choose_interval(self, steps: int, logs: dict | None) -> None:
+        """Times the run's steps; once enough are, saves (timed) and chooses the interval."""
+        chooser = self._chooser
+        assert chooser is not None
+        chooser.step_ended(steps)  # A new epoch's first step is not timed (evaluation, a save).
+        loss = (logs or {}).get("loss")
+        if (not chooser.ready or steps >= ((self.params or {}).get("steps") or math.inf)
+                or (loss is not None and not math.isfinite(float(loss)))):
+            return  # Until enough steps are timed; an epoch's last step is saved by its end.
+        self._saved_step = steps
+        chooser.timed_save(lambda: self.save_inside_epoch(self._epoch, steps))
+        self.save_every_steps, self._chooser = chooser.choose(), None
+        self.interval_chosen = save_interval.describe(
+            self.save_every_steps, chooser.step_seconds, chooser.save_seconds, chooser.budget)
+        if self._chief:
+            # Printed, not logged: how often the state is saved is part of the run's result.
+            print(self.interval_chosen, flush=True)
 
     def _save(self, epochs: int, steps: int) -> str:
         """Writes the history (chief) and the checkpoint of the position ``(epochs finished,

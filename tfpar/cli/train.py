@@ -74,8 +74,8 @@ HELP_GROUPS = {
     "Several workers (multi_worker*)": _GROUP_FLAGS[MultiWorkerOptions],
     "Speed": ("steps_per_execution", "jit_compile", "deterministic"),
     "Results, logs and state": ("output", "plot", "logdir", "profile_steps", "profile_dir",
-                                "model_dir", "save_every_steps", "resume", "preemption_signal",
-                                "preemption_grace_seconds", "verbose"),
+                                "model_dir", "save_every_steps", "save_budget", "resume",
+                                "preemption_signal", "preemption_grace_seconds", "verbose"),
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tfpar import config_fields
 from tfpar import models
+from tfpar.callbacks import save_interval
 from tfpar.cluster import preemption
 from tfpar.config_fields import field
 from tfpar.data import catalog
@@ -74,6 +75,10 @@ class TrainConfig:
         save_every_steps: With ``model_dir``, also save inside an epoch after every this many
             of its steps, so that a kill without notice loses at most that many (0: at
             epochs' ends and notices only); a run resumes at the step saved, bit for bit.
+            auto: the most frequent interval whose saves cost at most save_budget of the
+            training time, measured on the run's first steps (one process).
+        save_budget: With save_every_steps=auto, the largest fraction of the training time
+            saving may take.
         resume: Resume from the state in ``model_dir`` when there is some (false starts from
             scratch and overwrites it).
         preemption_signal: The preemption notice besides SIGTERM (e.g. what Slurm's
@@ -117,7 +122,8 @@ class TrainConfig:
     verbose: int | str = AUTO
     chief_only_progress: bool = True
     model_dir: str | None = None
-    save_every_steps: int = 0
+    save_every_steps: int | str = 0
+    save_budget: float = save_interval.BUDGET
     resume: bool = True
     preemption_signal: str = field(preemption.DEFAULT_NOTICE_SIGNAL,
                                    choices=preemption.NOTICE_SIGNALS)
@@ -144,10 +150,21 @@ class TrainConfig:
                f"{{argument}} must be a number >= 0. {received}{self.warmup_epochs!r}.")
         _check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs",
                f"{{argument}} must be an integer >= 1. {received}{self.epochs!r}.")
-        _check(isinstance(self.save_every_steps, int)
-               and not isinstance(self.save_every_steps, bool) and self.save_every_steps >= 0,
+        if isinstance(self.save_every_steps, str) and self.save_every_steps.isdigit():
+            object.__setattr__(self, "save_every_steps", int(self.save_every_steps))
+        _check(self.save_every_steps == AUTO or (
+               isinstance(self.save_every_steps, int)
+               and not isinstance(self.save_every_steps, bool) and self.save_every_steps >= 0),
                "save_every_steps", f"{{argument}} must be an integer >= 0 (0: at epochs' ends "
-               f"only). {received}{self.save_every_steps!r}.")
+               f"only) or {AUTO!r}. {received}{self.save_every_steps!r}.")
+        _check(isinstance(self.save_budget, (int, float))
+               and not isinstance(self.save_budget, bool) and 0 < self.save_budget < 1,
+               "save_budget", f"{{argument}} must be a fraction in (0, 1) (0.02: 2%). "
+               f"{received}{self.save_budget!r}.")
+        _check(self.save_every_steps != AUTO or not self.strategy.entry.multi_process,
+               "save_every_steps", f"{{argument}}={AUTO} chooses from one process's timing, "
+               "and every worker of a job must save at the same steps: give a number of steps "
+               f"for strategy {self.strategy.name!r}.")
         _check(0 <= self.momentum < 1, "momentum",
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",

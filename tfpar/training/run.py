@@ -387,7 +387,8 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
                  # A step inside an epoch means the same examples at the same global batch.
                  "global_batch_size": config.for_devices(len(device_set))[0]}
     checkpoint = EpochCheckpoint(directory, model, strategy, made_with=made_with,
-                                 save_every_steps=config.save_every_steps)
+                                 save_every_steps=config.save_every_steps,
+                                 save_budget=config.save_budget)
     latest = checkpoint.latest
     # Printed, not logged: whether a run resumed is part of its result for the user.
     if latest and config.resume:
@@ -396,8 +397,10 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
         print(f"Not resuming: training from scratch; {directory} will be "
               "overwritten.", flush=True)
     else:
-        every = (f"every {config.save_every_steps} steps and " if config.save_every_steps
-                 else "")
+        every = ("" if not config.save_every_steps
+                 else f"at an interval chosen to cost at most {config.save_budget:.1%} and "
+                 if config.save_every_steps == AUTO
+                 else f"every {config.save_every_steps} steps and ")
         print(f"No saved training state in {directory}: training from scratch; state is saved "
               f"there {every}after every epoch.", flush=True)
     return checkpoint
