@@ -48,6 +48,10 @@ class RegisterTest(testing.StrategyTestCase):
         with self.assertRaises(TypeError):
             choice.options["algorithm"] = "ring"  # A value: read-only.
         self.assertEqual(choice.with_options(algorithm="ring").options["algorithm"], "ring")
+        self.assertEqual(choice.virtual_replicas, 0)
+        self.assertEqual(strategies.choose("multi_worker_allreduce",
+                                           virtual_replicas=4).virtual_replicas, 4)
+        self.assertEqual(strategies.choose("mirrored").virtual_replicas, 0)  # No such option.
         with self.assertRaisesRegex(RegistryError, r"Strategy 'allreduce' has no option\(s\) "
                                                    r"colour\. Its options: algorithm, "):
             choice.with_options(colour="red")

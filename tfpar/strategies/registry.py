@@ -266,6 +266,12 @@ class StrategyChoice:
         registry's name for it), else 1."""
         return int(self.options.get("accumulation_steps", 1))
 
+    @property
+    def virtual_replicas(self) -> int:
+        """The shards every batch is cut into, the same on any number of devices and workers
+        (world-size invariance): the entry's ``virtual_replicas`` option, else 0 (off)."""
+        return int(self.options.get("virtual_replicas") or 0)
+
     def with_options(self, **options: Any) -> StrategyChoice:
         """Returns this choice with ``options`` changed.
 

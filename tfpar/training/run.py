@@ -448,7 +448,7 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
                          (config.profile_steps and config.profile_dir, "profile_dir")):
         if folder:  # Checked before any work, not when the first epoch ends.
             atomic_io.check_writable_dir(folder, what)
-    if int(config.strategy.options.get("virtual_replicas") or 0):
+    if config.strategy.virtual_replicas:
         _pin_for_virtual_replicas(device_sets)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
     for root, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir")):
