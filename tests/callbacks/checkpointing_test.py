@@ -101,14 +101,48 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             for batch in range(20):  # A step takes 1 s.
                 now[0] += 1.0
                 checkpoint.on_train_batch_end(batch, {"loss": 1.0})
-        # Steps 2 to 4 timed, a save at 4 timed: 0.1 s / (2% of 1 s) is every 5 steps.
-        self.assertEqual(saved, [(0, 4), (0, 5), (0, 10), (0, 15)])
-        self.assertEqual(checkpoint.save_every_steps, 5)
+        # Steps 2 to 4 timed, a save at 4 timed: 0.1 s / (2% of 1 s) is every 5 steps, from
+        # the save (not the next multiple of 5, one step later).
+        self.assertEqual(saved, [(0, 4), (0, 9), (0, 14), (0, 19)])
+        self.assertEqual(checkpoint.interval, 5)
         self.assertEqual(out.getvalue(), checkpoint.interval_chosen + "\n")
-        self.assertRegex(checkpoint.interval_chosen,
-                         r"^Saving every 5 step\(s\) inside an epoch: a save took 0.1 s and a "
-                         r"step 1 s, so saving costs 2.0% of the training time \(budget 2.0%\)"
-                         r"\.$")
+        self.assertEqual(checkpoint.interval_chosen,
+                         "Saving every 5 step(s) inside an epoch: a save took 0.1 s and a step "
+                         "1 s, so these saves cost 2% of the training time (budget 2%).")
+
+    def test_auto_on_epochs_too_short_to_save_inside_chooses_at_the_first_epoch_end(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        now = [0.0]
+        with mock.patch("time.perf_counter", lambda: now[0]):
+            checkpoint = checkpointing.EpochCheckpoint(
+                self.get_temp_dir(), model, strategy, save_every_steps="auto")
+        checkpoint.set_model(model)
+        checkpoint.set_params({"steps": 3, "verbose": 1})
+        inside, out = [], io.StringIO()
+
+        def save_at_end(epochs, steps):  # An epoch's end save takes 0.5 s.
+            now[0] += 0.5
+
+        with mock.patch.object(checkpoint, "save_inside_epoch",
+                               side_effect=lambda *position: inside.append(position)), \
+                mock.patch.object(checkpoint, "_save_or_raise", side_effect=save_at_end), \
+                contextlib.redirect_stdout(out):
+            checkpoint.on_train_begin()
+            for epoch in range(3):
+                checkpoint.on_epoch_begin(epoch)
+                for batch in range(3):
+                    now[0] += 1.0
+                    checkpoint.on_train_batch_end(batch, {"loss": 1.0})
+                checkpoint.on_epoch_end(epoch, {"loss": 1.0})
+        self.assertEqual(inside, [])  # Never one step after an epoch's end save.
+        self.assertEqual(checkpoint.interval, 25)  # 0.5 / (2% of 1 s).
+        # On a line of its own after Keras's progress bar (verbose=1).
+        self.assertEqual(out.getvalue(),
+                         "\nSaving at epochs' ends only: a save took 0.5 s and a step 1 s, so "
+                         "the most frequent saves within the budget of 2% of the training time "
+                         "come every 25 steps, and an epoch has 3.\n")
 
     def test_auto_in_a_real_fit_says_its_interval_and_saves_inside_the_epoch(self):
         directory = self.get_temp_dir()
@@ -122,10 +156,11 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
-        self.assertRegex(out.getvalue(), r"^Saving every \d+ step\(s\) inside an epoch: ")
-        self.assertIsInstance(checkpoint.save_every_steps, int)
-        self.assertGreaterEqual(checkpoint.save_every_steps, 1)
-        # The save timed at step 4 is a checkpoint inside the epoch.
+        self.assertRegex(out.getvalue(), r"^Saving (every \d+ step\(s\) inside an epoch|at "
+                                         r"epochs' ends only): ")
+        self.assertEqual(out.getvalue().count("\n"), 1)
+        self.assertGreaterEqual(checkpoint.interval, 1)
+        # The first save inside the epoch, timed, after 3 steps timed (not the first).
         self.assertIn([0, 4], checkpoint._positions().values())
 
     def test_a_bad_save_interval_or_budget_is_one_line(self):
@@ -133,15 +168,20 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         with strategy.scope():
             model = testing.tiny_model()
         for bad in (-1, 2.5, True, "often"):
-            with self.assertRaisesRegex(ConfigError, r"^save_every_steps is a number of steps, "
-                                                     r"0 or more .*, or 'auto'\. Received: "):
+            with self.assertRaisesRegex(ConfigError, r"^save_every_steps must be an integer >= 0 "
+                                                     r".* or 'auto'\. Received: "):
                 checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
                                               save_every_steps=bad)
-        for bad in (0, 1, -0.5, True, "2%"):
-            with self.assertRaisesRegex(ConfigError, r"^save_budget is a fraction of the "
-                                                     r"training time, in \(0, 1\) .*Received: "):
+        for bad in (0, 1, 1e-320, True, "2%"):
+            with self.assertRaisesRegex(ConfigError, r"^save_budget must be a fraction of the "
+                                                     r"training time from 0\.0001 to below 1"):
                 checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
                                               save_every_steps="auto", save_budget=bad)
+        with self.assertRaisesRegex(ConfigError, r"^save_budget applies only with "
+                                                 r"save_every_steps='auto'\. Received: "
+                                                 r"save_every_steps=5\.$"):
+            checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                          save_every_steps=5, save_budget=0.05)
 
     def test_a_diverged_epoch_is_not_saved(self):
         directory, checkpoint = self.saved_once()

@@ -3,7 +3,10 @@
 import itertools
 import unittest
 
+import numpy as np
+
 from tfpar.callbacks import save_interval
+from tfpar.errors import ConfigError
 
 
 class WithinBudgetTest(unittest.TestCase):
@@ -21,33 +24,57 @@ class WithinBudgetTest(unittest.TestCase):
     def test_its_line_says_the_interval_the_times_and_the_cost(self):
         self.assertEqual(save_interval.describe(4, 1.95, 0.147, 0.02),
                          "Saving every 4 step(s) inside an epoch: a save took 0.147 s and a "
-                         "step 1.95 s, so saving costs 1.9% of the training time (budget "
-                         "2.0%).")
+                         "step 1.95 s, so these saves cost 1.88% of the training time (budget "
+                         "2%).")
+        self.assertEqual(save_interval.describe(40, 0.02, 0.016, 0.0001, epoch_steps=30),
+                         "Saving at epochs' ends only: a save took 0.016 s and a step 0.02 s, "
+                         "so the most frequent saves within the budget of 0.01% of the "
+                         "training time come every 40 steps, and an epoch has 30.")
+
+    def test_an_interval_and_a_budget_are_checked_in_one_line(self):
+        self.assertEqual(save_interval.checked_interval("12"), 12)
+        self.assertEqual(save_interval.checked_interval(np.int64(3)), 3)
+        self.assertEqual(save_interval.checked_interval("auto"), "auto")
+        for bad in (-1, 2.5, True, "often", "\u00b2", "\u0663", " auto", np.array([1, 2])):
+            with self.assertRaisesRegex(ConfigError, r"^save_every_steps must be an integer "
+                                                     r">= 0 \(0: at epochs' ends only\) or "
+                                                     r"'auto'\. Received: save_every_steps="):
+                save_interval.checked_interval(bad)
+        self.assertEqual(save_interval.checked_budget(np.float32(0.5)), 0.5)
+        for bad in (0, 1, 1e-320, 5e-324, -0.5, float("nan"), float("inf"), True, "2%"):
+            with self.assertRaisesRegex(ConfigError, r"^save_budget must be a fraction of the "
+                                                     r"training time from 0\.0001 to below 1 "):
+                save_interval.checked_budget(bad)
 
 
 class IntervalChooserTest(unittest.TestCase):
 
-    def test_times_steps_but_the_first_and_the_save_then_chooses(self):
+    def test_times_steps_but_an_epochs_first_and_every_save_then_takes_the_medians(self):
         now = itertools.count(0.0, 0.5)  # Every reading of the clock is 0.5 s later.
         chooser = save_interval.IntervalChooser(0.02, clock=lambda: next(now))
-        for steps in range(1, save_interval.STEPS_TIMED + 1):  # The first is not timed.
+        for steps in range(1, save_interval.CALLS_TIMED + 1):  # The first is not timed.
             self.assertFalse(chooser.ready)
             chooser.step_ended(steps)
-        chooser.step_ended(save_interval.STEPS_TIMED + 1)
+        chooser.step_ended(save_interval.CALLS_TIMED + 1)
         self.assertTrue(chooser.ready)
+        self.assertFalse(chooser.timed)
         chooser.timed_save(lambda: None)  # 0.5 s.
+        self.assertTrue(chooser.timed)
         self.assertEqual(chooser.choose(), 50)  # 0.5 / (0.02 * 0.5).
         self.assertEqual((chooser.step_seconds, chooser.save_seconds), (0.5, 0.5))
 
-    def test_several_steps_per_call_and_a_new_epoch(self):
-        times = iter([0.0, 4.0, 5.0, 9.0, 13.0, 13.0, 14.0])
+    def test_several_steps_per_call_a_new_epoch_and_a_slow_first_save(self):
+        times = iter([0.0, 4.0, 13.0, 17.0, 17.0, 19.0, 20.0, 30.0, 30.0, 31.0, 32.0])
         chooser = save_interval.IntervalChooser(0.1, clock=lambda: next(times))
         chooser.step_ended(2)
         chooser.step_ended(6)  # 4 steps in 4 s: 1 s each.
-        chooser.step_ended(1)  # A new epoch (after its evaluation and save): not timed.
+        chooser.epoch_ended()
+        chooser.step_ended(1)  # A new epoch's first call (after evaluation, a save): not timed.
         chooser.step_ended(3)  # 2 steps in 4 s.
-        chooser.step_ended(5)  # 2 steps in 4 s.
-        self.assertTrue(chooser.ready)
+        chooser.timed_save(lambda: None)  # 2 s: the first save, the slowest.
+        chooser.step_ended(5)  # 2 steps in 1 s, after the save.
+        chooser.timed_save(lambda: None)  # 0 s.
         chooser.timed_save(lambda: None)  # 1 s.
-        self.assertEqual(chooser.choose(), 5)  # 1 / (0.1 * the median, 2 s).
-        self.assertEqual(chooser.step_seconds, 2.0)
+        self.assertEqual(chooser.step_seconds, 1.0)  # Of 1, 2 and 0.5.
+        self.assertEqual(chooser.save_seconds, 1.0)  # Of 2, 0 and 1.
+        self.assertEqual(chooser.choose(), 10)  # 1 / (0.1 * 1).

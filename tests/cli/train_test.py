@@ -128,8 +128,11 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
          r"--save_every_steps=auto chooses from one process's timing, and every worker of a job "
          r"must save at the same steps: give a number of steps for strategy 'multi_worker'\.$"),
         ("save_budget_percent", ["--save_every_steps=auto", "--save_budget=2"],
-         r"--save_budget must be a fraction in \(0, 1\) \(0\.02: 2%\)\. Received: "
-         r"--save_budget=2"),
+         r"--save_budget must be a fraction of the training time from 0\.0001 to below 1 "
+         r"\(0\.02: 2%\)\. Received: --save_budget=2"),
+        ("save_budget_without_auto", ["--save_every_steps=10", "--save_budget=0.05"],
+         r"--save_budget applies only with save_every_steps=auto\. Received: "
+         r"save_every_steps=10\.$"),
         ("batch_below_replicas", ["--num_devices=4", "--batch_size=3"],
          r"global batch size \(3\) is smaller than the number of replicas \(4\)"),
         ("missing_data_dir", ["--dataset=mnist", "--data_dir=/no/such"],

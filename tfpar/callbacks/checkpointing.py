@@ -117,25 +117,21 @@ class EpochCheckpoint(keras.callbacks.Callback):
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None,
                  save_every_steps: int | str = 0, save_budget: float = save_interval.BUDGET):
         super().__init__()
-        if save_every_steps != save_interval.AUTO and (
-                isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int)
-                or save_every_steps < 0):
-            raise ConfigError("save_every_steps is a number of steps, 0 or more (0: save at "
-                              f"epochs' ends only), or {save_interval.AUTO!r}. Received: "
-                              f"{save_every_steps!r}.", argument="save_every_steps")
-        if isinstance(save_budget, bool) or not isinstance(save_budget, (int, float)) \
-                or not 0 < save_budget < 1:
-            raise ConfigError("save_budget is a fraction of the training time, in (0, 1) "
-                              f"(0.02: 2%). Received: {save_budget!r}.", argument="save_budget")
-        if save_every_steps == save_interval.AUTO and cluster_spec.is_multi_worker(strategy):
+        self.save_every_steps = save_interval.checked_interval(save_every_steps)
+        auto = self.save_every_steps == save_interval.AUTO
+        budget = save_interval.checked_budget(save_budget)
+        if budget != save_interval.BUDGET and not auto:
+            raise ConfigError(f"save_budget applies only with save_every_steps="
+                              f"{save_interval.AUTO!r}. Received: save_every_steps="
+                              f"{save_every_steps!r}.", argument="save_budget")
+        if auto and cluster_spec.is_multi_worker(strategy):
             raise ConfigError(f"save_every_steps={save_interval.AUTO!r} chooses from one "
                               "process's timing, and every worker of a job must save at the "
                               "same steps: give a number of steps.", argument="save_every_steps")
-        #: The interval of saves inside an epoch in steps (0: none; ``"auto"`` until chosen).
-        self.save_every_steps: int | str = save_every_steps
-        self._chooser = (save_interval.IntervalChooser(save_budget)
-                         if save_every_steps == save_interval.AUTO else None)
-        #: The line that said the interval chosen (``None`` until then).
+        self._chooser = save_interval.IntervalChooser(budget) if auto else None
+        #: The steps between saves inside an epoch (0: none, or with ``"auto"`` none chosen).
+        self.interval = 0 if auto else int(self.save_every_steps)
+        #: With ``"auto"``, the line that says the interval chosen (``None`` until then).
         self.interval_chosen: str | None = None
         self._epoch = 0
         self._saved_step = 0  # The step of the current epoch its state was last saved at.
@@ -384,38 +380,51 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if not self.save_every_steps:
             return
         steps = batch + 1  # Of this epoch (Keras numbers a resumed epoch's from its step).
-        if self._chooser is not None:
-            self._choose_interval(steps, logs)
-            return
-        every = int(self.save_every_steps)
-        if steps // every <= self._saved_step // every:
-            return  # No multiple of the interval reached since the last save (several steps
-            # per call move on by several).
-        if steps >= ((self.params or {}).get("steps") or math.inf):
-            return  # The epoch's last step: its end saves.
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            return  # A diverged state is never saved (as at an epoch's end).
-        self._saved_step = steps
-        self.save_inside_epoch(self._epoch, steps)
-
-    def _choose_interval(self, steps: int, logs: dict | None) -> None:
-        """Times the run's steps; once enough are, saves (timed) and chooses the interval."""
         chooser = self._chooser
-        assert chooser is not None
-        chooser.step_ended(steps)  # A new epoch's first step is not timed (evaluation, a save).
+        if chooser is not None:
+            chooser.step_ended(steps)
         loss = (logs or {}).get("loss")
-        if (not chooser.ready or steps >= ((self.params or {}).get("steps") or math.inf)
+        if (steps >= ((self.params or {}).get("steps") or math.inf)
                 or (loss is not None and not math.isfinite(float(loss)))):
-            return  # Until enough steps are timed; an epoch's last step is saved by its end.
+            return  # The epoch's last step (its end saves); a diverged state is never saved.
+        if chooser is None:
+            if steps // self.interval <= self._saved_step // self.interval:
+                return  # No multiple of the interval reached since the last save (several
+                # steps per call move on by several).
+        elif not self.interval:
+            if not chooser.ready:
+                return  # The first save inside an epoch, once enough calls are timed.
+        elif steps - self._saved_step < self.interval:
+            return
         self._saved_step = steps
+        if chooser is None:
+            self.save_inside_epoch(self._epoch, steps)
+            return
         chooser.timed_save(lambda: self.save_inside_epoch(self._epoch, steps))
-        self.save_every_steps, self._chooser = chooser.choose(), None
+        self._choose_interval()
+
+    def _choose_interval(self) -> None:
+        """Chooses the interval from the steps and saves timed so far: said in one line when
+        first chosen, logged when the times move it."""
+        chooser = self._chooser
+        if chooser is None or not chooser.timed:
+            return
+        interval = chooser.choose()
+        if interval == self.interval:
+            return
+        first, self.interval = not self.interval, interval
         self.interval_chosen = save_interval.describe(
-            self.save_every_steps, chooser.step_seconds, chooser.save_seconds, chooser.budget)
-        if self._chief:
-            # Printed, not logged: how often the state is saved is part of the run's result.
-            print(self.interval_chosen, flush=True)
+            interval, chooser.step_seconds, chooser.save_seconds, chooser.budget,
+            (self.params or {}).get("steps"))
+        if not self._chief:
+            return
+        if first:
+            # Printed, not logged: how often the state is saved is part of the run's result
+            # (on a line of its own after a progress bar's).
+            bar = (self.params or {}).get("verbose") == 1
+            print(("\n" if bar else "") + self.interval_chosen, flush=True)
+        else:
+            logging.info("%s", self.interval_chosen)
 
     def _save(self, epochs: int, steps: int) -> str:
         """Writes the history (chief) and the checkpoint of the position ``(epochs finished,
@@ -490,7 +499,12 @@ class EpochCheckpoint(keras.callbacks.Callback):
         for name, value in (logs or {}).items():
             with contextlib.suppress(TypeError, ValueError):
                 self.history.setdefault(name, []).append(float(value))
-        self._save_or_raise(epoch + 1, 0)
+        if self._chooser is None:
+            self._save_or_raise(epoch + 1, 0)
+            return
+        self._chooser.timed_save(lambda: self._save_or_raise(epoch + 1, 0))
+        self._chooser.epoch_ended()
+        self._choose_interval()
 
     def save_inside_epoch(self, epoch: int, steps: int) -> str:
         """Saves the state after ``steps`` steps of ``epoch`` (0-based), with the epoch's

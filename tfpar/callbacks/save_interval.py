@@ -1,26 +1,67 @@
 """The automatic interval of saves inside an epoch: the most frequent whose cost stays within
-a budget of the training time, from a step and a save measured on this run (CheckFreq's rule,
+a budget of the training time, from the steps and saves timed on this run (CheckFreq's rule,
 FAST'21).
 
 A save every ``N`` steps costs ``save / (N * step)`` of the training time, so the interval is
 the smallest ``N`` for which that is at most the budget. :class:`IntervalChooser` times the
-steps of a run (not the first, which traces the step, nor the saves) and one save, and then
-chooses. No TensorFlow.
+steps of a run (not an epoch's first call, which follows its evaluation and save, nor the
+saves) and every save, and chooses from their medians (a process's first save is its slowest).
+No TensorFlow.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import re
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
+
+from tfpar.errors import ConfigError
 
 AUTO = "auto"
 """``save_every_steps``'s value that asks for the interval to be chosen."""
 BUDGET = 0.02
 """The default budget: saving costs at most 2% of the training time."""
-STEPS_TIMED = 3
-"""Steps timed before the interval is chosen (after the first step of a run)."""
+LEAST_BUDGET = 0.0001
+"""The smallest budget (0.01%): below it an interval would be longer than any run."""
+CALLS_TIMED = 3
+"""Calls of the training step timed before the first save inside an epoch (one step each,
+or ``steps_per_execution``)."""
+
+
+def checked_interval(value: Any, argument: str = "save_every_steps") -> int | str:
+    """``value`` as an interval: an integer >= 0 (a string of ASCII digits, as a flag gives
+    it, converted) or :data:`AUTO`.
+
+    Raises:
+        ConfigError: Naming ``argument``, for anything else.
+    """
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value):
+        value = int(value)
+    if isinstance(value, str) and value == AUTO:
+        return AUTO
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
+        return int(value)
+    raise ConfigError(f"{{argument}} must be an integer >= 0 (0: at epochs' ends only) or "
+                      f"{AUTO!r}. Received: {{argument}}={value!r}.", argument=argument)
+
+
+def checked_budget(value: Any, argument: str = "save_budget") -> float:
+    """``value`` as a budget: a fraction of the training time from :data:`LEAST_BUDGET` to
+    below 1.
+
+    Raises:
+        ConfigError: Naming ``argument``, for anything else.
+    """
+    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and LEAST_BUDGET <= float(value) < 1):
+        return float(value)
+    raise ConfigError(f"{{argument}} must be a fraction of the training time from "
+                      f"{LEAST_BUDGET} to below 1 (0.02: 2%). Received: {{argument}}={value!r}.",
+                      argument=argument)
 
 
 def within_budget(step_seconds: float, save_seconds: float, budget: float) -> int:
@@ -36,20 +77,33 @@ def within_budget(step_seconds: float, save_seconds: float, budget: float) -> in
     """
     if save_seconds <= 0:
         return 1
+    if step_seconds <= 0:
+        return math.ceil(1 / budget)  # A step too short to time: as if it took the save's time.
     # The small tolerance keeps an exact ratio (save = budget * 3 steps) at 3, not 4.
     return max(1, math.ceil(save_seconds / (budget * step_seconds) - 1e-9))
 
 
-def describe(interval: int, step_seconds: float, save_seconds: float, budget: float) -> str:
-    """The interval chosen and why, in one line."""
-    cost = save_seconds / (interval * step_seconds)
-    return (f"Saving every {interval} step(s) inside an epoch: a save took {save_seconds:.3g} s "
-            f"and a step {step_seconds:.3g} s, so saving costs {cost:.1%} of the training "
-            f"time (budget {budget:.1%}).")
+def percent(fraction: float) -> str:
+    """``fraction`` as a percentage of three significant digits (``2%``, ``0.01%``)."""
+    return f"{fraction * 100:.3g}%"
+
+
+def describe(interval: int, step_seconds: float, save_seconds: float, budget: float,
+             epoch_steps: int | None = None) -> str:
+    """The interval chosen and why, in one line (saving at epochs' ends only where the
+    interval is an epoch or longer)."""
+    times = f"a save took {save_seconds:.3g} s and a step {step_seconds:.3g} s"
+    if epoch_steps and interval >= epoch_steps:
+        return (f"Saving at epochs' ends only: {times}, so the most frequent saves within the "
+                f"budget of {percent(budget)} of the training time come every {interval} "
+                f"steps, and an epoch has {epoch_steps}.")
+    cost = save_seconds / (interval * step_seconds) if step_seconds > 0 else 0.0
+    return (f"Saving every {interval} step(s) inside an epoch: {times}, so these saves cost "
+            f"{percent(cost)} of the training time (budget {percent(budget)}).")
 
 
 class IntervalChooser:
-    """Times a run's steps, then one save, and chooses the interval.
+    """Times a run's steps and saves, and chooses the interval from their medians.
 
     Args:
         budget: The largest fraction of the training time saving may take.
@@ -59,9 +113,9 @@ class IntervalChooser:
     def __init__(self, budget: float = BUDGET, clock: Callable[[], float] | None = None):
         self.budget, self._clock = budget, clock or time.perf_counter
         self._step_seconds: list[float] = []
-        self._last: tuple[float, int] | None = None  # (time, steps) at the last batch end.
-        self.step_seconds = 0.0
-        self.save_seconds = 0.0
+        self._save_seconds: list[float] = []
+        self._last: tuple[float, int] | None = None  # (time, steps) at the last call's end.
+        self._calls = 0
 
     def step_ended(self, steps: int) -> None:
         """Notes that the epoch's step count reached ``steps``: the time since the last call
@@ -70,23 +124,43 @@ class IntervalChooser:
         now = self._clock()
         if self._last is not None and steps > self._last[1]:
             self._step_seconds.append((now - self._last[0]) / (steps - self._last[1]))
+            self._calls += 1
         self._last = (now, steps)
+
+    def epoch_ended(self) -> None:
+        """Notes an epoch's end: what follows until the next epoch's first call (evaluation,
+        a save) is not a step."""
+        self._last = None
 
     @property
     def ready(self) -> bool:
-        """Whether enough steps were timed to choose at a save."""
-        return len(self._step_seconds) >= STEPS_TIMED
+        """Whether enough calls were timed to save and choose inside an epoch."""
+        return self._calls >= CALLS_TIMED
+
+    @property
+    def step_seconds(self) -> float:
+        """The median step time (0 before any)."""
+        return statistics.median(self._step_seconds) if self._step_seconds else 0.0
+
+    @property
+    def save_seconds(self) -> float:
+        """The median save time (0 before any)."""
+        return statistics.median(self._save_seconds) if self._save_seconds else 0.0
+
+    @property
+    def timed(self) -> bool:
+        """Whether a step and a save were timed."""
+        return bool(self._step_seconds and self._save_seconds)
 
     def timed_save(self, save: Callable[[], object]) -> None:
         """Runs ``save``, timing it; the next step's time starts after it."""
         start = self._clock()
         save()
         end = self._clock()
-        self.save_seconds = end - start
+        self._save_seconds.append(end - start)
         if self._last is not None:
             self._last = (end, self._last[1])
 
     def choose(self) -> int:
-        """The interval for the steps and the save timed (the steps' median)."""
-        self.step_seconds = statistics.median(self._step_seconds)
+        """The interval for the medians of the steps and saves timed."""
         return within_budget(self.step_seconds, self.save_seconds, self.budget)

@@ -76,7 +76,7 @@ class TrainConfig:
             of its steps, so that a kill without notice loses at most that many (0: at
             epochs' ends and notices only); a run resumes at the step saved, bit for bit.
             auto: the most frequent interval whose saves cost at most save_budget of the
-            training time, measured on the run's first steps (one process).
+            training time, from the run's steps and saves as timed (one process).
         save_budget: With save_every_steps=auto, the largest fraction of the training time
             saving may take.
         resume: Resume from the state in ``model_dir`` when there is some (false starts from
@@ -150,17 +150,12 @@ class TrainConfig:
                f"{{argument}} must be a number >= 0. {received}{self.warmup_epochs!r}.")
         _check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs",
                f"{{argument}} must be an integer >= 1. {received}{self.epochs!r}.")
-        if isinstance(self.save_every_steps, str) and self.save_every_steps.isdigit():
-            object.__setattr__(self, "save_every_steps", int(self.save_every_steps))
-        _check(self.save_every_steps == AUTO or (
-               isinstance(self.save_every_steps, int)
-               and not isinstance(self.save_every_steps, bool) and self.save_every_steps >= 0),
-               "save_every_steps", f"{{argument}} must be an integer >= 0 (0: at epochs' ends "
-               f"only) or {AUTO!r}. {received}{self.save_every_steps!r}.")
-        _check(isinstance(self.save_budget, (int, float))
-               and not isinstance(self.save_budget, bool) and 0 < self.save_budget < 1,
-               "save_budget", f"{{argument}} must be a fraction in (0, 1) (0.02: 2%). "
-               f"{received}{self.save_budget!r}.")
+        object.__setattr__(self, "save_every_steps",
+                           save_interval.checked_interval(self.save_every_steps))
+        object.__setattr__(self, "save_budget", save_interval.checked_budget(self.save_budget))
+        _check(self.save_budget == save_interval.BUDGET or self.save_every_steps == AUTO,
+               "save_budget", f"{{argument}} applies only with save_every_steps={AUTO}. "
+               f"Received: save_every_steps={self.save_every_steps!r}.")
         _check(self.save_every_steps != AUTO or not self.strategy.entry.multi_process,
                "save_every_steps", f"{{argument}}={AUTO} chooses from one process's timing, "
                "and every worker of a job must save at the same steps: give a number of steps "

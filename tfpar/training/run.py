@@ -22,6 +22,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import devices as devices_lib
+from tfpar.callbacks import save_interval
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
 from tfpar.callbacks.non_finite_loss import StopOnNonFiniteLoss
@@ -398,7 +399,8 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
               "overwritten.", flush=True)
     else:
         every = ("" if not config.save_every_steps
-                 else f"at an interval chosen to cost at most {config.save_budget:.1%} and "
+                 else "at an interval chosen to cost at most "
+                      f"{save_interval.percent(config.save_budget)} and "
                  if config.save_every_steps == AUTO
                  else f"every {config.save_every_steps} steps and ")
         print(f"No saved training state in {directory}: training from scratch; state is saved "
