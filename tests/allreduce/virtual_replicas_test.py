@@ -165,6 +165,32 @@ class UsersModelsTest(testing.StrategyTestCase):
                                       seed=case.seed,
                                       train=steps_traced_with_each_replicas_shapes)
 
+    def test_sequences_padded_per_batch_to_their_own_length(self):
+        # Lengths 5, 5, 6, 5 at batches of 8, 7, 8, 6: on one device the last batch reuses the
+        # trace whose length is 5, on 4 its shards (2, 2, 1, 1) trace anew with the length
+        # unknown; the step traces the length the dataset declares (unknown) on both.
+        rng = np.random.default_rng(0)
+        batches = [(rng.integers(1, 12, (size, length)).astype("int32"),
+                    rng.integers(0, 3, size).astype("int32"))
+                   for size, length in ((8, 5), (7, 5), (8, 6), (6, 5))]
+        sequences = tf.data.Dataset.from_generator(
+            lambda: iter(batches), output_signature=(tf.TensorSpec([None, None], tf.int32),
+                                                     tf.TensorSpec([None], tf.int32)))
+
+        def attention() -> keras.Model:
+            inputs = keras.Input((None,), dtype="int32")
+            embedded = keras.layers.Embedding(12, 8)(inputs)
+            attended = keras.layers.MultiHeadAttention(2, 4)(embedded, embedded)
+            pooled = keras.layers.GlobalAveragePooling1D()(
+                keras.layers.LayerNormalization()(attended + embedded))
+            model = keras.Model(inputs, keras.layers.Dense(3)(pooled))
+            model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+
+        self.assertSameOnAnyWorldSize(attention, sequences, num_devices=(1, 4),
+                                      train=steps_traced_with_each_replicas_shapes)
+
     def test_bfloat16(self):
         keras.config.set_dtype_policy("bfloat16")
         self.addCleanup(keras.config.set_dtype_policy, "float32")
@@ -187,6 +213,24 @@ class RefusalsTest(testing.StrategyTestCase):
                 tfpar.strategies.get("allreduce", devices=2, virtual_replicas=4, **options)
         with self.assertRaisesRegex(ConfigError, "must be an integer >= 0"):
             tfpar.strategies.get("allreduce", devices=2, virtual_replicas=-1)
+
+    def test_sparse_or_ragged_data(self):
+        rng = np.random.default_rng(0)
+        sparse = tf.sparse.from_dense((rng.random((13, 10)) > 0.7).astype("float32"))
+        data = tf.data.Dataset.from_tensor_slices((sparse, np.zeros(13, "int32"))).batch(5)
+
+        def model_fn() -> keras.Model:
+            inputs = keras.Input((10,), sparse=True)
+            model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+            model.compile(optimizer="sgd",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+
+        with self.assertRaisesRegex(ConfigError, r"^virtual_replicas cuts every batch into "
+                                                 r"shards by position, which it does for dense "
+                                                 r"tensors only; the data holds SparseTensor\. "
+                                                 r"Make them dense [^\n]*$"):
+            self.assertSameOnAnyWorldSize(model_fn, data, num_devices=(1, 2))
 
     def test_synchronized_batchnorm(self):
         strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)

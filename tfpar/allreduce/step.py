@@ -245,38 +245,65 @@ def empty_shard_fails(model: keras.Model) -> bool:
     return _convolves(model) and any("CPU" in device.upper() for device in devices)
 
 
-def _batch_size_unknown(data: Any, always: tf.Tensor) -> Any:
-    """``data`` with its tensors' batch size unknown to the trace and to graph optimization.
+Shapes = tuple[tuple[int | None, ...] | None, ...]
+"""A dataset's element shapes, flattened (``None`` for a component of unknown rank or not a
+tensor)."""
+
+
+def declared_shapes(element_spec: Any) -> Shapes:
+    """The shapes a dataset declares for its elements (:data:`Shapes`)."""
+    return tuple(tuple(spec.shape.as_list()) if isinstance(spec, tf.TensorSpec)
+                 and spec.shape.rank is not None else None
+                 for spec in tree.flatten(element_spec))
+
+
+def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor) -> Any:
+    """``data`` with the shapes its datasets declare (``declared``: each distributed
+    dataset's), the batch size always unknown, to the trace and to graph optimization.
 
     Keras traces a step with the batches' static shapes (Keras 3.16 does, for
     ``steps_per_execution=1``, relaxing a dimension only once it has changed), so whether a
-    replica's batch size is known depends on how the batches happened to be dealt: on 4
-    devices a replica given one example of every batch so far has a static batch of 1, on one
-    device the same shard is cut from a batch whose size changed. Grappler specializes a
-    graph to the sizes it knows (a mean's gradient divides by a known count, which constant
-    folding turns into a multiplication by its reciprocal: other bits), so the same shard's
-    gradient would differ with the world size. A static batch of 0 also makes Keras's losses
-    return their unreduced per-example values (shape ``(0,)``) instead of a mean, which fails
-    while tracing (the step never runs the model on such a shard, but it is traced).
+    replica's batch size (or a padded sequence's length) is known depends on how the batches
+    happened to be dealt: on 4 devices a replica given one example of every batch so far has a
+    static batch of 1, on one device the same shard is cut from a batch whose size changed.
+    Grappler specializes a graph to the sizes it knows (a mean's gradient divides by a known
+    count, which constant folding turns into a multiplication by its reciprocal: other bits),
+    so the same shard's gradient would differ with the world size. A static batch of 0 also
+    makes Keras's losses return their unreduced per-example values (shape ``(0,)``) instead of
+    a mean, which fails while tracing (the step never runs the model on such a shard, but it
+    is traced). A dimension is hidden where a dataset's element shape leaves it unknown (or
+    another dataset's differs); the others stay as every replica's trace knows them.
 
     ``tf.compat.v1.placeholder_with_default`` hides a shape from the trace but not from
     Grappler, which infers through it. A conditional does: its result's shape is what both
     branches share, and ``always`` (a scalar ``True`` read from a variable, which Grappler
-    cannot fold) keeps the branch of the other batch size from ever running.
+    cannot fold) keeps the branch of other sizes from ever running.
     """
     flat = tree.flatten(data)
-    known = [i for i, t in enumerate(flat) if isinstance(t, tf.Tensor)
-             and t.shape.rank is not None and t.shape.rank > 0 and t.shape[0] is not None]
-    if not known:
+    hidden: dict[int, list[int]] = {}
+    for i, tensor in enumerate(flat):
+        if not isinstance(tensor, tf.Tensor) or tensor.shape.rank in (None, 0):
+            continue
+        shape = tensor.shape.as_list()
+        known = [each for shapes in declared if len(shapes) == len(flat)
+                 for each in (shapes[i],) if each is not None and len(each) == len(shape)]
+        dims = [k for k, size in enumerate(shape) if size is not None
+                and (k == 0 or any(other[k] != size for other in known))]
+        if dims:
+            hidden[i] = dims
+    if not hidden:
         return data
 
-    def other_size():
-        # A batch of another static size (1 where the batch is empty, else 0), never used.
-        return [tf.zeros(tf.concat([[1 if flat[i].shape[0] == 0 else 0],
-                                    tf.shape(flat[i])[1:]], 0), flat[i].dtype) for i in known]
+    def other_sizes():
+        # Tensors of other static sizes in the hidden dimensions (1 where the size is 0, else
+        # 0), never used.
+        return [tf.zeros(tf.stack([(1 if flat[i].shape[k] == 0 else 0) if k in dims
+                                   else tf.shape(flat[i])[k]
+                                   for k in range(flat[i].shape.rank)]), flat[i].dtype)
+                for i, dims in hidden.items()]
 
-    relaxed = tf.cond(always, lambda: [tf.identity(flat[i]) for i in known], other_size)
-    for i, tensor in zip(known, relaxed):
+    relaxed = tf.cond(always, lambda: [tf.identity(flat[i]) for i in hidden], other_sizes)
+    for i, tensor in zip(hidden, relaxed):
         flat[i] = tensor
     return tree.pack_sequence_as(data, flat)
 
@@ -295,7 +322,8 @@ def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]
     return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
 
-def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str, Any]:
+def train_step(model: keras.Model, options: StepOptions, data: Any,
+               declared: Sequence[Shapes] = ()) -> dict[str, Any]:
     """One exact data-parallel training step on this replica's shard (a replica context).
 
     The order of work, so that communication hides behind computation::
@@ -313,6 +341,8 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
         model: A compiled model built in the strategy's scope.
         options: How gradients are reduced.
         data: This replica's ``(x, y)`` or ``(x, y, sample_weight)``.
+        declared: The element shapes of the datasets distributed for it
+            (:func:`declared_shapes`): the step traces the shapes they declare.
 
     Returns:
         The metrics, as Keras's ``train_step`` returns them.
@@ -322,7 +352,7 @@ def train_step(model: keras.Model, options: StepOptions, data: Any) -> dict[str,
     """
     check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
-        _batch_size_unknown(data, model.optimizer.iterations >= 0))
+        _as_declared(data, declared, model.optimizer.iterations >= 0))
     _check_losses(model, sample_weight)
     step = _ReplicaStep(model, options)
     first_input = next(t for t in tree.flatten(x) if t is not None)

@@ -114,6 +114,13 @@ def distribute_by_position(strategy: tf.distribute.Strategy, dataset: tf.data.Da
     shards of each batch, as :func:`replica_slices` cuts it: the same examples for a shard on
     any number of replicas and workers."""
     replicas = strategy.num_replicas_in_sync
+    cut = [type(spec).__name__.removesuffix("Spec") for spec in tree.flatten(dataset.element_spec)
+           if not isinstance(spec, tf.TensorSpec)]
+    if cut:
+        raise ConfigError(f"virtual_replicas cuts every batch into shards by position, which it "
+                          f"does for dense tensors only; the data holds {', '.join(cut)}. "
+                          "Make them dense (tf.sparse.to_dense, RaggedTensor.to_tensor), or "
+                          "train without virtual_replicas.")
 
     def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # The replicas of this worker's pipeline, in the order the strategy deals elements.

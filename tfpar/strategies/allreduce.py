@@ -21,6 +21,8 @@ from keras import tree
 
 from tfpar.allreduce import virtual_replicas
 from tfpar.allreduce.options import StepOptions
+from tfpar.allreduce.step import Shapes
+from tfpar.allreduce.step import declared_shapes
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
 from tfpar.strategies.base import TfparStrategy
@@ -43,6 +45,8 @@ class _AllReduceStep(TfparStrategy):
     def _take(self, step_options: StepOptions | None) -> None:
         """Keeps the step's options (the defaults if ``None``), checked against the replicas."""
         self.step_options = step_options or StepOptions()
+        # The element shapes of every dataset distributed here: the step traces them.
+        self._declared: list[Shapes] = []
         self.step_options.check(self.num_replicas_in_sync, len(self.extended.worker_devices))
         if self.step_options.virtual_replicas:
             for line in virtual_replicas.start_lines(self.num_replicas_in_sync,
@@ -52,13 +56,17 @@ class _AllReduceStep(TfparStrategy):
     def replacement_step(self, step: KerasStep) -> Callable[..., Any] | None:
         """The all-reduce step for Keras's own ``train_step``; a model's own steps run."""
         if step.name == "train_step" and step.is_keras_own:
-            return functools.partial(train_step, step.model, self.step_options)
+            return functools.partial(train_step, step.model, self.step_options,
+                                     declared=tuple(self._declared))
         return None
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set, and
         by shard position under ``virtual_replicas``."""
         dataset = self.sharded_as_asked(dataset)
+        shapes = declared_shapes(dataset.element_spec)
+        if shapes not in self._declared:
+            self._declared.append(shapes)
         if self.step_options.virtual_replicas:
             return virtual_replicas.distribute_by_position(
                 self, dataset, self.step_options.virtual_replicas, options)
