@@ -678,3 +678,66 @@ class ReviewAttacksTest(testing.StrategyTestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class BatchReshaped(keras.layers.Layer):
+    """A user's layer that needs the static batch size (which ``drop_remainder`` gives)."""
+
+    def call(self, x):
+        return keras.ops.reshape(x, (x.shape[0], -1))
+
+    def compute_output_shape(self, shape):
+        return (shape[0], int(np.prod(shape[1:])))
+
+
+class Halves(keras.layers.Layer):
+    """A user's layer that needs its input's static width."""
+
+    def call(self, x):
+        return keras.ops.reshape(x, (-1, x.shape[1] // 2, 2))
+
+    def compute_output_shape(self, shape):
+        return (shape[0], shape[1] // 2, 2)
+
+
+def halves_model():
+    inputs = keras.Input((12,))
+    outputs = keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Dense(4)(
+        Halves()(inputs))))
+    return compiled(lambda: keras.Model(inputs, outputs))()
+
+
+class TracedShapesTest(testing.StrategyTestCase):
+    """The shapes the step is traced with: what a user's layer may read, as on one device."""
+
+    NUM_DEVICES = 4
+
+    def test_a_static_batch_a_layer_reads(self):
+        def model_fn():
+            inputs = keras.Input((6, 6, 1))
+            features = BatchReshaped()(keras.layers.Conv2D(2, 3)(inputs))
+            return compiled(lambda: keras.Model(inputs, keras.layers.Dense(3)(features)))()
+
+        rng = np.random.default_rng(0)
+        images = tf.data.Dataset.from_tensor_slices(
+            (rng.random((32, 6, 6, 1), dtype=np.float32), rng.integers(0, 3, 32))).batch(
+                8, drop_remainder=True)
+        self.assertMatchesSingleDevice(model_fn, images, self.strategy("allreduce", 2))
+
+    def test_a_width_a_layer_reads_after_other_data_on_the_strategy(self):
+        rng = np.random.default_rng(1)
+
+        def data(width):
+            return tf.data.Dataset.from_tensor_slices(
+                (rng.random((16, width), dtype=np.float32), rng.integers(0, 3, 16))).batch(8)
+
+        for strategy in (self.strategy("allreduce", 2),
+                         self.strategy("allreduce", 2, virtual_replicas=4)):
+            with strategy.scope():
+                other = compiled(lambda: keras.Sequential([keras.Input((6,)),
+                                                           keras.layers.Dense(3)]))()
+                model = halves_model()
+            other.fit(data(6), epochs=1, verbose=0)  # Another width, before.
+            model.fit(data(12), epochs=1, verbose=0, validation_data=data(6).map(
+                lambda x, y: (tf.pad(x, [[0, 0], [0, 6]]), y)))
+            self.assertTrue(np.all(np.isfinite(model.get_weights()[0])))

@@ -257,9 +257,9 @@ def declared_shapes(element_spec: Any) -> Shapes:
                  for spec in tree.flatten(element_spec))
 
 
-def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor) -> Any:
-    """``data`` with the shapes its datasets declare (``declared``: each distributed
-    dataset's), the batch size always unknown, to the trace and to graph optimization.
+def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor, *,
+                 exact: bool) -> Any:
+    """``data`` with the shapes its dataset declares, to the trace and to graph optimization.
 
     Keras traces a step with the batches' static shapes (Keras 3.16 does, for
     ``steps_per_execution=1``, relaxing a dimension only once it has changed), so whether a
@@ -268,11 +268,15 @@ def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor) -> An
     static batch of 1, on one device the same shard is cut from a batch whose size changed.
     Grappler specializes a graph to the sizes it knows (a mean's gradient divides by a known
     count, which constant folding turns into a multiplication by its reciprocal: other bits),
-    so the same shard's gradient would differ with the world size. A static batch of 0 also
-    makes Keras's losses return their unreduced per-example values (shape ``(0,)``) instead of
-    a mean, which fails while tracing (the step never runs the model on such a shard, but it
-    is traced). A dimension is hidden where a dataset's element shape leaves it unknown (or
-    another dataset's differs); the others stay as every replica's trace knows them.
+    so under ``virtual_replicas`` (``exact``) the same shard's gradient would differ with the
+    world size.
+
+    Where ``exact``, the batch size is hidden (the shards are cut at run time on any world
+    size), and a dimension past it where the datasets distributed for the step whose shapes fit
+    the trace's (``declared``) all leave it unknown; one they declare stays known, as a layer
+    may need it. Otherwise only a batch size of 0 is hidden: Keras's losses then return their
+    unreduced per-example values (shape ``(0,)``) instead of a mean, which fails while tracing
+    (the step never runs the model on such a shard, but it is traced).
 
     ``tf.compat.v1.placeholder_with_default`` hides a shape from the trace but not from
     Grappler, which infers through it. A conditional does: its result's shape is what both
@@ -285,10 +289,13 @@ def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor) -> An
         if not isinstance(tensor, tf.Tensor) or tensor.shape.rank in (None, 0):
             continue
         shape = tensor.shape.as_list()
-        known = [each for shapes in declared if len(shapes) == len(flat)
-                 for each in (shapes[i],) if each is not None and len(each) == len(shape)]
-        dims = [k for k, size in enumerate(shape) if size is not None
-                and (k == 0 or any(other[k] != size for other in known))]
+        fitting = [each for shapes in declared if len(shapes) == len(flat)
+                   for each in (shapes[i],) if each is not None and len(each) == len(shape)
+                   and all(size in (None, traced) for size, traced in zip(each[1:], shape[1:]))]
+        dims = [k for k in range(1, len(shape)) if exact and shape[k] is not None and fitting
+                and all(each[k] is None for each in fitting)]
+        if shape[0] is not None and (exact or shape[0] == 0):
+            dims.insert(0, 0)
         if dims:
             hidden[i] = dims
     if not hidden:
@@ -342,7 +349,8 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         options: How gradients are reduced.
         data: This replica's ``(x, y)`` or ``(x, y, sample_weight)``.
         declared: The element shapes of the datasets distributed for it
-            (:func:`declared_shapes`): the step traces the shapes they declare.
+            (:func:`declared_shapes`): the step traces the shapes they declare (see
+            :func:`_as_declared`).
 
     Returns:
         The metrics, as Keras's ``train_step`` returns them.
@@ -352,7 +360,8 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     """
     check_optimizer(model.optimizer, model.trainable_variables)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
-        _as_declared(data, declared, model.optimizer.iterations >= 0))
+        _as_declared(data, declared, model.optimizer.iterations >= 0,
+                     exact=bool(options.virtual_replicas)))
     _check_losses(model, sample_weight)
     step = _ReplicaStep(model, options)
     first_input = next(t for t in tree.flatten(x) if t is not None)
