@@ -142,6 +142,15 @@ class UsersModelsTest(testing.StrategyTestCase):
         # replicas 2 and 3); their generators still end where the others' do.
         self.assertSameOnAnyWorldSize(step_test.dropout_model, step_test.vectors(18, 8))
 
+    def test_dropout_on_data_of_unknown_length(self):
+        # Keras 3.15 calls the step once more at the end of such data, which ends without a
+        # batch: the shards' generators must not move (the first shard's did, by its offset,
+        # on every replica its own).
+        known = step_test.vectors(18, 8)
+        unknown = tf.data.Dataset.from_generator(
+            lambda: iter(known), output_signature=known.element_spec)
+        self.assertSameOnAnyWorldSize(step_test.dropout_model, unknown)
+
     def test_a_sum_loss(self):
         self.assertSameOnAnyWorldSize(step_test.dense_model("sum"), step_test.vectors(19, 8))
 

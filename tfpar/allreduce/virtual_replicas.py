@@ -203,7 +203,10 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     at_start = [tf.identity(v.value) for v in assigned]
     seeds_at_start = [tf.identity(v.value) for v in seeds]
     leaves: dict[Node, tf.Tensor] = {}
-    dependencies: list[tf.Tensor] = []
+    # The shards' assignments wait for the data: Keras 3.15 calls the step once more at the
+    # end of data of unknown length, a call that ends without a batch; an assignment that
+    # ran before would move the generators (by the first shard's offset) for good.
+    dependencies: list[tf.Tensor] = [sizes]
     for j in range(per_replica):
         shard = replica * per_replica + j
         with tf.control_dependencies(dependencies):
