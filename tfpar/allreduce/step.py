@@ -315,16 +315,19 @@ def _as_declared(data: Any, declared: Sequence[Shapes], always: tf.Tensor, *,
     return tree.pack_sequence_as(data, flat)
 
 
-def _micro_batches(data, count: tf.Tensor, k: int) -> list[tuple[Any, tf.Tensor]]:
-    """Splits this replica's shard into ``k`` consecutive micro-batches (sizes differ by <= 1)."""
+def _micro_batches(data, count: tf.Tensor, k: int,
+                   always: tf.Tensor) -> list[tuple[Any, tf.Tensor]]:
+    """Splits this replica's shard into ``k`` consecutive micro-batches (sizes differ by <= 1),
+    a micro-batch the trace knows is empty given an unknown size (:func:`_as_declared`)."""
     if k == 1:
         return [(data, count)]
     sizes = split_sizes(tf.cast(count, tf.int32), [1.0] * k)
     starts = tf.cumsum(sizes, exclusive=True)
 
     def part(j: int):
-        return tree.map_structure(
-            lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]], data)
+        return _as_declared(tree.map_structure(
+            lambda t: None if t is None else t[starts[j]:starts[j] + sizes[j]], data), (),
+            always, exact=False)
 
     return [(part(j), tf.cast(sizes[j], tf.float32)) for j in range(k)]
 
@@ -458,8 +461,9 @@ class _ReplicaStep:
         refuses_empty = synchronizes and empty_shard_fails(self.model)
         self._seeds_at_start = [tf.identity(v.value) for v in self.seeds]
         self._ran = tf.constant(0.0)
-        for micro, micro_count in _micro_batches((x, y, sample_weight), count,
-                                                 self.options.accumulation_steps):
+        for micro, micro_count in _micro_batches(
+                (x, y, sample_weight), count, self.options.accumulation_steps,
+                self.model.optimizer.iterations >= 0):
             micro_x, micro_y, micro_weight = micro
 
             def run_micro_batch(x=micro_x, y=micro_y, weight=micro_weight, n=micro_count):
