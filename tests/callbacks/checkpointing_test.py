@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar import testing
+from tfpar import worker_contract
 from tfpar.callbacks import checkpointing
 from tfpar.cli import common
-from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 from tfpar.errors import DamagedStateError
 from tfpar.errors import PeerLostError
@@ -42,18 +42,25 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.on_epoch_end(0, {"loss": 1.5})
         return directory, checkpoint
 
-    def test_the_chief_records_where_it_resumed_and_what_it_saved_for_the_launcher(self):
-        record = os.path.join(self.get_temp_dir(), "progress.json")
-        with mock.patch.dict(os.environ, {protocol.PROGRESS_RECORD_ENV: record}):
+    def test_the_chief_declares_its_folder_and_commits_each_saves_position(self):
+        spec = os.path.join(self.get_temp_dir(), "spec.json")
+        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: spec}):
             directory, checkpoint = self.saved_once()
-            self.assertEqual(protocol.ProgressRecord.read(record),
-                             protocol.ProgressRecord(None, (1, 0), directory))
+            self.assertIsNone(worker_contract.WorkerSpec.read(spec))  # Declared at a restore.
+            latest = os.path.basename(checkpoint.latest)
+            self.assertEqual(worker_contract.read_position(directory),
+                             worker_contract.Position(1, 0, latest, directory))
             self.assertEqual(checkpoint.restore(), 1)
-            self.assertEqual(protocol.ProgressRecord.read(record),
-                             protocol.ProgressRecord((1, 0), None, directory))
+            self.assertEqual(worker_contract.WorkerSpec.read(spec),
+                             worker_contract.WorkerSpec(os.path.abspath(directory)))
+            before = worker_contract.commits_made()
             checkpoint.save_inside_epoch(1, 3)
-            self.assertEqual(protocol.ProgressRecord.read(record),
-                             protocol.ProgressRecord((1, 0), (1, 3), directory))
+            latest = os.path.basename(checkpoint.latest)
+            self.assertEqual(worker_contract.read_position(directory),
+                             worker_contract.Position(1, 3, latest, directory))
+            self.assertEqual(worker_contract.last_committed(before),
+                             worker_contract.Position(1, 3, latest, directory))
+            self.assertFalse(os.path.exists(os.path.join(directory, "positions.json")))
 
     def test_saves_every_n_steps_of_an_epoch_but_its_last_and_on_several_steps_per_call(self):
         directory = self.get_temp_dir()
@@ -161,7 +168,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(out.getvalue().count("\n"), 1)
         self.assertGreaterEqual(checkpoint.interval, 1)
         # The first save inside the epoch, timed, after 3 steps timed (not the first).
-        self.assertIn([0, 4], checkpoint._positions().values())
+        self.assertIn((0, 4), checkpoint._known.values())
 
     def test_a_bad_save_interval_or_budget_is_one_line(self):
         strategy = self.strategy("mirrored", 2)
@@ -260,11 +267,12 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         # already name the state just committed, where the folder resumes.
         directory, checkpoint = self.saved_once()
         seen = []
-        with mock.patch.object(checkpointing.preemption, "NOTICE") as notice, \
-                mock.patch.object(checkpoint, "_prune_replica_copies",
-                                  lambda: seen.extend(notice.saved.call_args_list)):
+        before = worker_contract.commits_made()
+        with mock.patch.object(checkpoint, "_prune_replica_copies", lambda: seen.extend([
+                worker_contract.last_committed(before),
+                worker_contract.read_position(directory)])):
             checkpoint.save_inside_epoch(1, 3)
-        self.assertEqual(seen, [mock.call(f"epoch 2 step 3 in {directory}", (1, 3))])
+        self.assertEqual([p.where for p in seen], [f"epoch 2 step 3 in {directory}"] * 2)
 
     def saved_with_copies(self):
         """A folder where a model of 2 replicas with BatchNorm saved epoch 1, the checkpoint's
@@ -415,14 +423,18 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                         f"{directory} was made with is not readable.")):
                     fresh.restore()
 
-    def test_a_positions_file_that_is_not_an_object_is_not_a_traceback(self):
-        # Before: dict(5) raised TypeError (only OSError and ValueError were caught) in the
-        # line that names the resumed position, a traceback and exit 1.
+    def test_a_position_record_that_is_not_an_object_is_not_a_traceback(self):
+        # Before (0.3's positions.json): dict(5) raised TypeError (only OSError and ValueError
+        # were caught) in the line that names the resumed position, a traceback and exit 1.
         directory, checkpoint = self.saved_once()
-        with open(os.path.join(directory, "positions.json"), "w") as f:
-            f.write("5")
-        self.assertEqual(checkpoint.restore(), 1)  # The checkpoint holds the position.
-        self.assertEqual(checkpoint.position_of(checkpoint.latest), "the end of epoch 1")
+        for name in ("position.json", "positions.json"):
+            with open(os.path.join(directory, name), "w") as f:
+                f.write("5")
+        fresh = checkpointing.EpochCheckpoint(directory, checkpoint._model, checkpoint._strategy)
+        self.assertEqual(fresh.restore(), 1)  # The checkpoint holds the position.
+        self.assertEqual(fresh.position_of(fresh.latest), "the end of epoch 1")
+        # The restore wrote the record of what it restored.
+        self.assertEqual(worker_contract.read_position(directory).pair, (1, 0))
 
     def test_a_save_removes_what_a_save_killed_inside_tensorflows_write_left(self):
         # A kill inside TensorFlow's write leaves ckpt-N_temp/ with a partial data file as

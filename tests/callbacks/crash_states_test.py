@@ -1,11 +1,11 @@
 """Every crash state of every save, held to one oracle (after ALICE, OSDI'14, and CrashMonkey,
 OSDI'18).
 
-Each save protocol (``EpochCheckpoint`` at an epoch's end and inside one, the
-``BackupAndRestore`` fix, the progress record, the stop record) makes every change to its files
-through :mod:`tfpar.atomic_io`, which records them in order with the bytes written. A test here
-trains a tiny model with per-replica BatchNorm on 2 replicas, records one save once, and then
-rebuilds in a fresh folder each state the save can leave:
+Each save protocol (``EpochCheckpoint`` at an epoch's end and inside one, the ``BackupAndRestore``
+fix, the position record, the worker spec, the stop record) makes every change to its files through
+:mod:`tfpar.atomic_io`, which records them in order with the bytes written. A test here trains a
+tiny model with per-replica BatchNorm on 2 replicas, records one save once, and then rebuilds in a
+fresh folder each state the save can leave:
 
 - **a kill at each operation**: the operations before it done, the one at it not done or, for a
   write that is not atomic, half done;
@@ -17,13 +17,14 @@ Every protocol's states are explored in the README's suite (about 150, in second
 ``-s`` to see each protocol's count.
 
 For each state it runs the restore in this process (and, for a checkpoint, the launcher's
-reader of its position, which must give a committed save's or none) and holds it to one oracle:
+reader of its position record, which must give where the restore resumes or none, and
+after the restore where it resumed) and holds it to one oracle:
 the restored state is bit for bit the state of a committed save (every variable of the model and
 the optimizer, each replica's copy apart, the position, a mid-epoch save's metrics), or the
 restore raises one :class:`~tfpar.errors.TfparError` whose one line names the damaged file (the
 programs exit 2 on it). A kill is never allowed an error: a restart must resume. Any other
 exception, or any other state, is a failure, listed with the state that gave it. The records
-the launcher reads (progress, stop) have a reader that never raises: it must give the old
+the launcher reads (position, spec, stop) have a reader that never raises: it must give the old
 record, the new one, or (damaged) none.
 
 A damaged file restores the last save, or is refused: restoring an earlier one silently would
@@ -54,11 +55,13 @@ import pytest
 import tensorflow as tf
 
 from tfpar import atomic_io
-from tfpar import progress_record
 from tfpar import testing
+from tfpar import worker_contract
 from tfpar.callbacks import checkpointing
-from tfpar.cluster import protocol
 from tfpar.errors import TfparError
+
+TESTING_GUIDE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
+                             "testing.md")
 
 #: States explored per protocol (a fixed sample of them); None: all (each protocol's take
 #: seconds, so the README's suite explores all).
@@ -348,12 +351,21 @@ class CrashStatesCase(testing.StrategyTestCase):
                 failures.append(f"{state.describe(recorded)}: {failure}")
         say(f"crash states of {name}: {len(everything)} ({len(recorded.operations)} "
               f"operations), explored {len(explored)}")
+        self.assertDocumented(name, len(recorded.operations), len(everything))
         for line in earlier:
             say(f"  allowed, restored an earlier save: {line}")
         self.assertGreater(len(recorded.operations), 0)
         self.assertGreater(len(explored), 0)
         self.assertEqual(failures, [], f"{len(failures)} of {len(explored)} states of {name} "
                                        "failed the oracle")
+
+    def assertDocumented(self, name: str, operations: int, states: int) -> None:
+        """The testing guide's table gives this protocol's counts as this run found them."""
+        with open(TESTING_GUIDE, encoding="utf-8") as f:
+            rows = re.findall(r"^\| ([^|]+?) \| (\d+) \| (\d+) \|$", f.read(), re.M)
+        found = {row[0].replace("`", ""): (int(row[1]), int(row[2])) for row in rows}
+        self.assertEqual(found.get(name), (operations, states),
+                         f"docs/guide/testing.md's row for {name!r}")
 
     def trained_from(self) -> tuple:
         """The strategy (2 replicas), a model with BatchNorm built under it with its optimizer,
@@ -401,10 +413,10 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
     def run_protocol(self, inside_epoch: bool) -> None:
         root = self.get_temp_dir()
         directory = os.path.join(root, "model")
-        record = os.path.join(root, "progress.json")
+        spec = os.path.join(root, "spec.json")
         strategy, model, (x, y), initial = self.trained_from()
         committed = [Committed((0, 0), initial)]
-        with mock.patch.dict(os.environ, {progress_record.PROGRESS_RECORD_ENV: record}):
+        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: spec}):
             checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
             checkpoint.set_model(model)
             for epoch in range(2):  # Two saves before: the one recorded removes the first.
@@ -426,18 +438,23 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
         self.assertTrue(any(o.path.endswith(".npz") for o in recorded.operations))
 
         def restore(folder: str) -> Committed:
-            # What the launcher reads of the state: a committed save's position, or none.
-            position = protocol.saved_position(os.path.join(folder, "model"))
-            if position not in [None, *(save.position for save in committed)]:
-                raise AssertionError(f"the launcher reads position {position}")
+            # What the launcher reads of the state: where the restore resumes, or none.
+            state = os.path.join(folder, "model")
+            read = worker_contract.read_position(state)
             set_state(model, initial)
-            with mock.patch.dict(os.environ, {progress_record.PROGRESS_RECORD_ENV:
-                                              os.path.join(folder, "progress.json")}):
-                fresh = checkpointing.EpochCheckpoint(os.path.join(folder, "model"), model,
-                                                      strategy)
+            with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV:
+                                              os.path.join(folder, "spec.json")}):
+                fresh = checkpointing.EpochCheckpoint(state, model, strategy)
                 epochs = fresh.restore()
+            position = (epochs, fresh.resume_step)
+            if read is not None and read.pair != position:
+                raise AssertionError(f"the launcher reads position {read.pair}, the restore "
+                                     f"resumes at {position}")
+            after = worker_contract.read_position(state)  # The restore's record of it.
+            if after is None or after.pair != position:
+                raise AssertionError(f"after the restore the launcher reads {after}")
             metrics = tuple(np.asarray(m).tobytes() for m in fresh._resume_metrics)
-            return Committed((epochs, fresh.resume_step), state_of(model), metrics)
+            return Committed(position, state_of(model), metrics)
 
         def generation(path: str) -> str | None:
             """The same file of the save before (ckpt-N is numbered by the step count)."""
@@ -563,26 +580,38 @@ class LauncherRecordsCrashStatesTest(CrashStatesCase):
                 failures.append(f"{state.describe(recorded)}: read {found!r}")
         say(f"crash states of the {name}: {len(everything)} ({len(recorded.operations)} "
               f"operations), explored {len(everything)}")
+        self.assertDocumented(f"the {name}", len(recorded.operations), len(everything))
         self.assertGreater(len(everything), 0)
         self.assertEqual(failures, [])
 
-    def test_every_crash_state_of_the_progress_record(self):
-        path = os.path.join(self.get_temp_dir(), "records", "progress.json")
+    def test_every_crash_state_of_the_position_record(self):
+        # A folder without TensorFlow's index (a backup's): the record is read as written.
+        folder = os.path.join(self.get_temp_dir(), "state")
+        os.makedirs(folder)
+        worker_contract.commit_position(folder, worker_contract.Position(1, 0))
+        self.check("position record", os.path.join(folder, worker_contract.POSITION_FILE),
+                   lambda: worker_contract.commit_position(folder,
+                                                           worker_contract.Position(2, 5)),
+                   lambda path: getattr(worker_contract.read_position(os.path.dirname(path)),
+                                        "pair", None))
+
+    def test_every_crash_state_of_the_worker_spec(self):
+        path = os.path.join(self.get_temp_dir(), "records", "spec.json")
         os.makedirs(os.path.dirname(path))
-        with mock.patch.dict(os.environ, {progress_record.PROGRESS_RECORD_ENV: path}):
-            progress_record.record_progress("/state", restored=(1, 0))
-            self.check("progress record", path,
-                       lambda: progress_record.record_progress("/state", saved=(2, 5)),
-                       progress_record.ProgressRecord.read)
+        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: path}):
+            worker_contract.declare(folder="/state")
+            self.check("worker spec", path,
+                       lambda: worker_contract.declare(folder="/other"),
+                       worker_contract.WorkerSpec.read)
 
     def test_every_crash_state_of_the_stop_record(self):
         path = os.path.join(self.get_temp_dir(), "stops", "stop.json")
         os.makedirs(os.path.dirname(path))
-        with mock.patch.dict(os.environ, {protocol.STOP_RECORD_ENV: path}):
-            protocol.record_stop(85, "Preempted (SIGTERM): state saved", position=(1, 3))
+        with mock.patch.dict(os.environ, {worker_contract.STOP_RECORD_ENV: path}):
+            worker_contract.record_stop(85, "Preempted (SIGTERM): state saved")
             self.check("stop record", path,
-                       lambda: protocol.record_stop(74, "Could not save", position=(2, 0)),
-                       protocol.StopRecord.read)
+                       lambda: worker_contract.record_stop(74, "Could not save", work_lost=True),
+                       worker_contract.StopRecord.read)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import textwrap
 import tensorflow as tf
 from absl import flags
 
+from tfpar import worker_contract
 from tfpar.cli import common
-from tfpar.cluster import protocol
 from tfpar.errors import ConfigError
 from tfpar.errors import ExitStatus
 
@@ -98,7 +98,8 @@ class NoticeFromTheFirstInstantTest(tf.test.TestCase):
             train.run()
         """)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, protocol.STOP_RECORD_ENV: record})
+                                timeout=120,
+                                env={**os.environ, worker_contract.STOP_RECORD_ENV: record})
         with open(record, encoding="utf-8") as f:
             return result, json.load(f)
 

@@ -157,12 +157,13 @@ class ElasticLauncherTest(tf.test.TestCase):
         # stop record naming worker 2; no line needed, none racing its exit): the launcher
         # blames slot 2, not the messenger.
         code = ("import json, os, sys, time\n"
-                "from tfpar.cluster import protocol\n"
+                "from tfpar import worker_contract\n"
                 "slot = int(os.environ['TFPAR_WORKER_SLOT'])\n"
                 "if slot == 0 and not os.path.exists(sys.argv[1]):\n"
                 "    time.sleep(1)\n"
                 "    open(sys.argv[1], 'w').close()\n"
-                "    protocol.record_stop(69, 'Worker 2 stopped answering', unresponsive=[2])\n"
+                "    worker_contract.record_stop(69, 'Worker 2 stopped answering',\n"
+                "                                unresponsive=[2])\n"
                 "    sys.exit(69)\n"
                 "time.sleep(0 if slot != 2 or os.path.exists(sys.argv[1]) else 30)\n")
         out = io.StringIO()

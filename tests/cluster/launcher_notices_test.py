@@ -90,17 +90,18 @@ class NoticeStatusTest(tf.test.TestCase, parameterized.TestCase):
 
 
     def test_a_notice_that_kills_a_script_during_training_is_said_with_its_status(self):
-        # A user's script that saves (its chief recorded epoch 1 step 15, as BackupAndRestore
-        # under tfpar does) but does not watch for notices: the notice's SIGTERM kills it
-        # during training. Its status is 143, not the preempted one, and the line says where
-        # the folder resumes and that the steps since are lost.
+        # A user's script that saves (its chief declared its folder and committed epoch 1
+        # step 15 there, as BackupAndRestore under tfpar does) but does not watch for
+        # notices: the notice's SIGTERM kills it during training. Its status is 143, not the
+        # preempted one, and the line says where the folder resumes and that the steps since
+        # are lost.
         state = os.path.join(self.get_temp_dir(), "state")
         code = textwrap.dedent("""
             import os, sys, time
-            from tfpar.progress_record import record_progress
+            from tfpar import worker_contract
             if os.environ["TFPAR_WORKER_SLOT"] == "0":
-                record_progress(sys.argv[1], restored=(0, 0))
-                record_progress(sys.argv[1], saved=(0, 15))
+                worker_contract.declare(folder=sys.argv[1])
+                worker_contract.commit_position(sys.argv[1], worker_contract.Position(0, 15))
             print("up", flush=True)
             time.sleep(60)
             """)

@@ -19,9 +19,9 @@ import quoted_output
 import tensorflow as tf
 from absl.testing import parameterized
 
+from tfpar import worker_contract
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
-from tfpar.cluster import protocol
 from tfpar.cluster.restart_policy import Progress
 from tfpar.errors import ConfigError
 
@@ -242,18 +242,18 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_progress_is_what_the_chief_records_wherever_it_saves(self):
         # A command whose run folder the launcher could not work out from its flags (a GPU job
-        # without --num_devices saves under mirrored_2_devices): the chief records where it
-        # resumed and what it saved; a preemption after saving is restarted, not counted as a
-        # failure, and the line names the folder the chief gave.
+        # without --num_devices saves under mirrored_2_devices): the chief declares its folder
+        # and commits what it saved there; a preemption after saving is restarted, not counted
+        # as a failure, and the line names the folder the chief declared.
         model_dir = self.get_temp_dir()
         code = ("import os, sys\n"
-                "from tfpar.cluster import protocol\n"
+                "from tfpar import worker_contract\n"
                 "folder = os.path.join(sys.argv[1], 'mirrored_2_devices')\n"
                 "done = os.path.exists(os.path.join(sys.argv[1], 'ran'))\n"
-                "protocol.record_progress(folder, restored=(1, 0) if done else (0, 0))\n"
+                "worker_contract.declare(folder=folder)\n"
                 "if done: sys.exit(0)\n"
                 "open(os.path.join(sys.argv[1], 'ran'), 'w').close()\n"
-                "protocol.record_progress(folder, saved=(1, 0))\n"
+                "worker_contract.commit_position(folder, worker_contract.Position(1, 0))\n"
                 "sys.exit(85)\n")
         out = io.StringIO()
         status = launcher.launch([sys.executable, "-c", code, model_dir,
@@ -264,15 +264,28 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                       "again (not counted as a failure), resuming from epoch 1 in "
                       f"{os.path.join(model_dir, 'mirrored_2_devices')}.", out.getvalue())
 
-    def test_a_round_whose_chief_recorded_nothing_made_no_progress(self):
-        self.assertEqual(launcher.progress_of(None), Progress(recorded=False))
-        record = protocol.ProgressRecord(restored=None, saved=(2, 3), folder="/d")
-        self.assertEqual(launcher.progress_of(record), Progress((0, 0), (2, 3), "/d"))
-        self.assertTrue(launcher.progress_of(record).made)
-        self.assertFalse(launcher.progress_of(protocol.ProgressRecord((2, 3), None, "/d")).made)
+    def test_a_rounds_progress_is_its_declared_folders_position_record(self):
+        folder = self.get_temp_dir()
+        first = Progress()  # Before the first round: nothing known.
+        # A round whose chief declared nothing did not begin training: nothing moved.
+        self.assertEqual(launcher.progress_of(None, first), Progress(recorded=False))
+        spec = worker_contract.WorkerSpec(folder)
+        worker_contract.commit_position(folder, worker_contract.Position(2, 3))
+        # The first round: where it began is not known, so it made no progress it can show.
+        after_first = launcher.progress_of(spec, first)
+        self.assertEqual(after_first, Progress(None, (2, 3), folder))
+        self.assertFalse(after_first.made)
+        # The next round began where the first left the folder.
+        worker_contract.commit_position(folder, worker_contract.Position(3, 0))
+        after_second = launcher.progress_of(spec, after_first)
+        self.assertEqual(after_second, Progress((2, 3), (3, 0), folder))
+        self.assertTrue(after_second.made)
+        self.assertFalse(launcher.progress_of(spec, after_second).made)  # Nothing new.
+        self.assertEqual(launcher.progress_of(None, after_second),
+                         Progress((3, 0), (3, 0), folder, recorded=False))
 
     def test_run_folders_is_deprecated(self):
-        with self.assertWarnsRegex(DeprecationWarning, "ProgressRecord"):
+        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
             self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
                                                    "--num_devices=1,2"]),
                              ["", "allreduce_1_devices", "allreduce_2_devices"])
@@ -480,8 +493,8 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                       "other workers.", rest)
         self.assertRegex(rest, r"launcher: restart 1 of 1: starting every worker again, "
                                r"resuming from epoch [12] in ")
-        self.assertEqual(protocol.last_saved_position(
-            model_dir, ["multi_worker_1_devices"])[0], 3)
+        self.assertEqual(worker_contract.read_position(
+            os.path.join(model_dir, "multi_worker_1_devices")).epochs, 3)
         # Well before TensorFlow's own 10 s would have ended it: the option took effect.
         self.assertLess(said_after, 9)
         self.assertRegex(rest, r"\[worker 0\] Error: Worker 1 stopped answering, so TensorFlow "

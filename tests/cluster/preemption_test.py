@@ -12,8 +12,8 @@ import warnings
 
 import tensorflow as tf
 
+from tfpar import worker_contract
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 
 
@@ -121,13 +121,15 @@ class NoticeProcessTest(tf.test.TestCase):
         result = run("""
             import os, signal, time
             import tensorflow as tf
+            from tfpar import worker_contract
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGTERM], 20)
-            preemption.NOTICE.saved("epoch 2 step 3 in /runs/x", (1, 3))
+            worker_contract.commit_position("/runs/x", worker_contract.Position(1, 3),
+                                            write=False)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # Ended from the router's thread, not after this.
             print("not reached")
-            """, **{protocol.STOP_RECORD_ENV: record})
+            """, **{worker_contract.STOP_RECORD_ENV: record})
         self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
         self.assertNotIn("not reached", result.stdout)
         self.assertNotIn("Traceback", result.stderr)
@@ -144,13 +146,15 @@ class NoticeProcessTest(tf.test.TestCase):
         result = run("""
             import os, signal, time
             import tensorflow as tf
+            from tfpar import worker_contract
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
             preemption.NOTICE.training(True)  # A loop that never reaches its step boundary.
-            preemption.NOTICE.saved("the end of epoch 1 in /runs/x", (1, 0))
+            worker_contract.commit_position("/runs/x", worker_contract.Position(1, 0),
+                                            write=False)
             os.kill(os.getpid(), signal.SIGUSR1)
             time.sleep(30)
-            """, **{protocol.STOP_RECORD_ENV: record})
+            """, **{worker_contract.STOP_RECORD_ENV: record})
         self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
         self.assertIn("Preempted (SIGUSR1): the state could not be saved within the 0.2 s grace "
                       "budget; the end of epoch 1 in /runs/x is intact and is where a rerun "
@@ -166,30 +170,32 @@ class NoticeProcessTest(tf.test.TestCase):
         result = run("""
             import os, signal, time
             import tensorflow as tf
+            from tfpar import worker_contract
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
             preemption.NOTICE.training(True)
-            preemption.NOTICE.saved("the end of epoch 1 in /runs/x", (1, 0))
+            worker_contract.commit_position("/runs/x", worker_contract.Position(1, 0),
+                                            write=False)
             os.kill(os.getpid(), signal.SIGUSR1)
             preemption.NOTICE.stop_at((1, 3))  # The step the job agreed on.
-            preemption.NOTICE.saved("epoch 2 step 3 in /runs/x", (1, 3))  # Its commit.
+            worker_contract.commit_position("/runs/x", worker_contract.Position(1, 3),
+                                            write=False)  # Its commit.
             time.sleep(30)  # Pruning, past the budget.
-            """, **{protocol.STOP_RECORD_ENV: record})
+            """, **{worker_contract.STOP_RECORD_ENV: record})
         self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
         self.assertIn("Preempted (SIGUSR1): the notice's state was saved (epoch 2 step 3 in "
                       "/runs/x, where a rerun resumes); the 0.2 s grace budget ran out as the "
                       "process ended, with nothing lost.", result.stderr)
         with open(record) as f:
             stop = json.load(f)
-        self.assertEqual((stop["work_lost"], stop["position"]), (False, [1, 3]))
+        self.assertFalse(stop["work_lost"])
 
-    def test_a_budget_spent_while_the_launcher_is_told_of_a_commit_waits_for_it(self):
-        # The notice's state (epoch 2 step 3) is committed and the notice knows it; the budget
-        # runs out while the chief writes the launcher's progress record (a slow disk). The
-        # process ended between the two: its stop record said epoch 2 step 3, nothing lost,
-        # and the launcher's progress record still epoch 1, the line it prints.
+    def test_a_budget_spent_while_a_commits_position_is_recorded_waits_for_it(self):
+        # The notice's state (epoch 2 step 3) is committed by TensorFlow; the budget runs out
+        # while the chief writes its position record (a slow disk). Before, the process ended
+        # between the two: its stop line said epoch 2 step 3, nothing lost, and the record the
+        # launcher reads still epoch 1, the line it prints.
         record = os.path.join(self.get_temp_dir(), "stop.json")
-        progress = os.path.join(self.get_temp_dir(), "progress.json")
         directory = os.path.join(self.get_temp_dir(), "state")
         result = run(f"""
             import os, signal, time
@@ -202,25 +208,27 @@ class NoticeProcessTest(tf.test.TestCase):
                 {directory!r}, model, tf.distribute.get_strategy())
             checkpoint.set_model(model)
             checkpoint.on_epoch_end(0, {{"loss": 1.5}})  # Epoch 1, as the launcher knows.
-            recorded = checkpointing.protocol.record_progress
+            recorded = checkpointing.worker_contract.commit_position
 
             def slow_record(*args, **kwargs):
                 time.sleep(1.5)  # Past the budget.
                 recorded(*args, **kwargs)
 
-            checkpointing.protocol.record_progress = slow_record
+            checkpointing.worker_contract.commit_position = slow_record
             preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
             preemption.NOTICE.training(True)
             os.kill(os.getpid(), signal.SIGUSR1)
             preemption.NOTICE.stop_at((1, 3))  # The step the job agreed on.
             checkpoint.save_inside_epoch(1, 3)
             time.sleep(30)  # Pruning, past the budget.
-            """, **{protocol.STOP_RECORD_ENV: record, protocol.PROGRESS_RECORD_ENV: progress})
+            """, **{worker_contract.STOP_RECORD_ENV: record})
         self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
         with open(record) as f:
             stop = json.load(f)
-        self.assertEqual((stop["work_lost"], stop["position"]), (False, [1, 3]), stop)
-        self.assertEqual(protocol.ProgressRecord.read(progress).saved, (1, 3))
+        self.assertFalse(stop["work_lost"], stop)
+        self.assertIn(f"the notice's state was saved (epoch 2 step 3 in {directory}, ",
+                      stop["reason"])
+        self.assertEqual(worker_contract.read_position(directory).pair, (1, 3))
 
 
 class LauncherHandOverTest(tf.test.TestCase):

@@ -13,7 +13,7 @@ import threading
 
 from absl.testing import absltest
 
-from tfpar.cluster import protocol
+from tfpar import worker_contract
 from tfpar.cluster import signal_router
 
 
@@ -131,7 +131,8 @@ class EarlyNoticeTest(absltest.TestCase):
                 run()
                 """))
         return subprocess.run([sys.executable, path], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, protocol.STOP_RECORD_ENV: record})
+                              timeout=300,
+                              env={**os.environ, worker_contract.STOP_RECORD_ENV: record})
 
     def test_a_notice_while_a_program_imports_is_its_notice(self):
         for name in ("tfpar-train", "tfpar-launch"):

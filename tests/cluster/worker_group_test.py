@@ -17,18 +17,18 @@ PROGRAM = """
 import json, os, sys, time
 rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 print("slot", os.environ["TFPAR_WORKER_SLOT"], "rank", rank,
-      "progress", os.environ.get("TFPAR_PROGRESS_RECORD", "-"), flush=True)
+      "spec", os.environ.get("TFPAR_WORKER_SPEC", "-"), flush=True)
 action = sys.argv[1 + rank]
 if action == "sleep":
     time.sleep(60)
 if action == "blame1":  # Says worker 1 stopped answering, as tfpar's programs do.
-    from tfpar.cluster import protocol
-    protocol.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
+    from tfpar import worker_contract
+    worker_contract.record_stop(69, "Worker 1 stopped answering", unresponsive=(1,))
     sys.exit(69)
 if action == "lost85":  # Its notice's save ran out of grace, as tfpar's programs record it.
-    from tfpar.cluster import protocol
-    protocol.record_stop(85, "Preempted (SIGTERM): the state could not be saved", position=(2, 0),
-                         work_lost=True)
+    from tfpar import worker_contract
+    worker_contract.record_stop(85, "Preempted (SIGTERM): the state could not be saved",
+                                work_lost=True)
     sys.exit(85)
 if action == "69later":  # A peer that finds the preempted worker gone.
     time.sleep(3)
@@ -39,20 +39,20 @@ sys.exit(int(action) if action.isdigit() else 0)
 
 class WorkerGroupTest(tf.test.TestCase):
 
-    def run_round(self, *actions: str, slots=None, progress=None) -> tuple[RoundResult, str]:
+    def run_round(self, *actions: str, slots=None, spec=None) -> tuple[RoundResult, str]:
         out = io.StringIO()
         group = worker_group.WorkerGroup(
             [sys.executable, "-c", PROGRAM, *actions], slots or list(range(len(actions))),
             "127.0.0.1", out, all_output=True, network="host", grace=5.0,
-            progress_record=progress)
+            worker_spec=spec)
         return group.run(), out.getvalue()
 
     def test_every_worker_succeeding(self):
-        progress = os.path.join(self.get_temp_dir(), "progress.json")
-        result, output = self.run_round("0", "0", progress=progress)
+        spec = os.path.join(self.get_temp_dir(), "spec.json")
+        result, output = self.run_round("0", "0", spec=spec)
         self.assertEqual(result, RoundResult(Outcome.SUCCEEDED, 0, 0))
-        # Each worker's slot and rank, and where the chief records its progress.
-        self.assertIn(f"[worker 1] slot 1 rank 1 progress {progress}", output)
+        # Each worker's slot and rank, and where the chief declares itself.
+        self.assertIn(f"[worker 1] slot 1 rank 1 spec {spec}", output)
 
     def test_a_failing_worker_is_the_one_reported_and_the_others_are_stopped(self):
         result, output = self.run_round("sleep", "3")
@@ -88,7 +88,7 @@ class WorkerGroupTest(tf.test.TestCase):
 
     def test_slots_and_ranks_differ_after_a_loss(self):
         _, output = self.run_round("0", "0", slots=[0, 2])
-        self.assertIn("[worker 1] slot 2 rank 1 progress -", output)  # No record asked.
+        self.assertIn("[worker 1] slot 2 rank 1 spec -", output)  # No record asked.
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ of the partly trained epoch, summed over the replicas in another order, within f
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 from unittest import mock
@@ -28,6 +27,7 @@ from absl.testing import parameterized
 
 import tfpar
 from tfpar import testing
+from tfpar import worker_contract
 from tfpar.callbacks import AverageAtEpochEnd
 from tfpar.callbacks import EpochCheckpoint
 from tfpar.callbacks import SaveOnPreemption
@@ -228,11 +228,9 @@ class ExactResumeCase(testing.StrategyTestCase):
             with self.assertRaisesRegex(RuntimeError, "killed"):
                 self.fit(entry, model_name, parts, CrashAt(8), **kwargs)
             if interruption == "every_steps_kill":  # The last save: epoch 2 step 3.
-                with open(os.path.join(parts, EpochCheckpoint.POSITIONS_FILE),
-                          encoding="utf-8") as f:
-                    positions = json.load(f)
                 latest = os.path.basename(tf.train.latest_checkpoint(parts))
-                self.assertEqual(positions[latest], [1, 3])
+                self.assertEqual(worker_contract.read_position(parts),
+                                 worker_contract.Position(1, 3, latest, parts))
         resumed, history, seeds = self.fit(entry, model_name, parts, **kwargs)
 
         self.assertSameState(state(whole), state(resumed))

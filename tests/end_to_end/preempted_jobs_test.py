@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from conftest import checkpoint_values
 
-from tfpar.cluster import protocol
+from tfpar import worker_contract
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +171,7 @@ class ProcessPreemptionTest(PreemptionTestCase):
                  f"--model_dir={model_dir}", *flags]
         if signal_at:
             train = [SIGNAL, "0", *map(str, signal_at), "--", *train]
-        env = {**ENV, protocol.STOP_RECORD_ENV: record} if record else ENV
+        env = {**ENV, worker_contract.STOP_RECORD_ENV: record} if record else ENV
         return subprocess.run([sys.executable, *train], capture_output=True, text=True, env=env,
                               timeout=timeout)
 
@@ -182,9 +182,10 @@ class ProcessPreemptionTest(PreemptionTestCase):
         record = os.path.join(base, "stop.json")
         stopped = self.run_train(parts, signal_at=("step", 2, 5, "SIGTERM"), record=record)
         self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
-        saved = protocol.StopRecord.read(record)
-        self.assertEqual((saved.status, saved.position, saved.work_lost), (PREEMPTED, (1, 5),
-                                                                             False))
+        saved = worker_contract.StopRecord.read(record)
+        self.assertEqual((saved.status, saved.work_lost), (PREEMPTED, False))
+        self.assertEqual(worker_contract.read_position(
+            os.path.join(parts, "mirrored_2_devices")).pair, (1, 5))
         # One process stops at the step boundary where the notice arrived.
         self.assertRegex(stopped.stderr, r"(?m)^Preempted \(SIGTERM\): state saved at epoch 2 "
                                          r"step 5 in .*mirrored_2_devices, [\d.]+ s after the "
@@ -238,8 +239,10 @@ class ProcessPreemptionTest(PreemptionTestCase):
                                  signal_at=("slow_save", 2, 30, "SIGTERM"), record=record)
         self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
         # The same status (requeue the job), and the record says the work since is lost.
-        lost = protocol.StopRecord.read(record)
-        self.assertEqual((lost.status, lost.position, lost.work_lost), (PREEMPTED, (1, 0), True))
+        lost = worker_contract.StopRecord.read(record)
+        self.assertEqual((lost.status, lost.work_lost), (PREEMPTED, True))
+        self.assertEqual(worker_contract.read_position(
+            os.path.join(model_dir, "mirrored_2_devices")).pair, (1, 0))
         self.assertRegex(stopped.stderr, r"(?m)^Preempted \(SIGTERM\): the state could not be "
                                          r"saved within the 3 s grace budget; the end of epoch 1 "
                                          r"in .*mirrored_2_devices is intact and is where a rerun "

@@ -17,8 +17,8 @@ import runpy
 import signal
 import sys
 
+from tfpar import worker_contract
 from tfpar.callbacks import checkpointing
-from tfpar.cluster import protocol
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     marker = None
     if sys.argv[1] == "slot":
         slot, epoch, marker = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-        dies = int(os.environ[protocol.SLOT_ENV]) == slot
+        dies = int(os.environ[worker_contract.SLOT_ENV]) == slot
         if dies and os.path.exists(marker):
             print(f"slot {slot}: this machine is gone.", flush=True)
             sys.exit(1)

@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence
 
+from tfpar import worker_contract
 from tfpar.benchmark.measurements import Ceiling
 from tfpar.benchmark.measurements import Configuration
 from tfpar.benchmark.measurements import Measurement
 from tfpar.cluster import launcher
 from tfpar.cluster import private_network
-from tfpar.cluster import protocol
 from tfpar.cluster import worker_environment
 from tfpar.errors import ConfigError
 
@@ -53,7 +53,7 @@ class _Processes:
             except ConfigError:
                 pass  # Not Linux, or no user namespaces: the workers warn about their ports.
             environments = [worker_environment.worker_environment(
-                {"TF_CONFIG": c, protocol.PRIVATE_NETWORK_ENV: "1" if namespace else "0"})
+                {"TF_CONFIG": c, worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0"})
                 for c in launcher.tf_configs(count)]
         else:
             environments = [worker_environment.worker_environment()] * count

@@ -30,10 +30,10 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import replica_copies
+from tfpar import worker_contract
 from tfpar.callbacks import save_interval
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat import mid_epoch_resume
@@ -41,6 +41,7 @@ from tfpar.errors import ConfigError
 from tfpar.errors import DamagedStateError
 from tfpar.errors import PeerLostError
 from tfpar.errors import StateNotSavedError
+from tfpar.worker_contract import position_words
 
 
 @contextlib.contextmanager
@@ -99,9 +100,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     """
 
     MADE_WITH_FILE = "made_with.json"
-    # Each checkpoint's position ({"ckpt-N": [epochs finished, steps of the next epoch]}),
-    # written before the checkpoint (so a launcher reads it without TensorFlow).
-    POSITIONS_FILE = protocol.POSITIONS_FILE
+    # tfpar 0.3's file of each kept checkpoint's position, read for the states it saved
+    # (until 0.5.0); a save now commits the folder's position record
+    # (:func:`tfpar.worker_contract.commit_position`).
+    POSITIONS_FILE = worker_contract.LEGACY_POSITIONS_FILE
     # Every saved epoch's logs (loss, metrics, test accuracy), so that a resumed run reports
     # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.
@@ -158,6 +160,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._metric_variables: list = []
         self._file_list = _FileList()
         self._last_number = 0
+        # The positions of the checkpoints this callback restored or saved, by name.
+        self._known: dict[str, tuple[int, int]] = {}
         self._manager = self._make_manager()
         #: Where the restored epoch resumes (0: at its start), and its metrics until then.
         self.resume_step = 0
@@ -237,8 +241,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         latest = self.latest
         if latest is None:
             self._check_no_index_ignored()
-            if self._chief:
-                protocol.record_progress(self.directory, restored=(0, 0))
+            self._declare(worker_contract.Position(0, 0))
             return 0
         self._check_made_with()
         with _readable_checkpoint(latest):
@@ -270,9 +273,16 @@ class EpochCheckpoint(keras.callbacks.Callback):
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
-        if self._chief:
-            protocol.record_progress(self.directory, restored=self.position)
+        self._known[os.path.basename(latest)] = self.position
+        self._declare(worker_contract.Position(*self.position, os.path.basename(latest)))
         return epochs
+
+    def _declare(self, restored: worker_contract.Position) -> None:
+        """The chief declares its folder to a launcher, whose position record says what it
+        restored."""
+        if self._chief:
+            worker_contract.restored_position(self.directory, restored)
+            worker_contract.declare(folder=self.directory)
 
     def _check_no_index_ignored(self) -> None:
         """Raises where TensorFlow found no checkpoint although its index is there: it ignores
@@ -282,7 +292,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         Raises:
             DamagedStateError: Naming the index, or the checkpoint's missing file.
         """
-        index = os.path.join(self.directory, protocol.CHECKPOINT_INDEX)
+        index = os.path.join(self.directory, worker_contract.CHECKPOINT_INDEX)
         try:
             with open(index, "rb") as f:
                 text = f.read().decode("utf-8", errors="replace")
@@ -293,7 +303,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 f"The checkpoint index {index} is not readable. A restore reads a checkpoint "
                 "as TensorFlow wrote it; start over (resume=False), or use another model_dir. "
                 f"Received: {type(e).__name__}: {e.strerror or e}.") from None
-        named = protocol.latest_in_index(text)
+        named = worker_contract.latest_in_index(text)
         allowed = ("A restore reads a checkpoint as TensorFlow wrote it; start over "
                    "(resume=False), or use another model_dir.")
         files = os.path.join(self.directory, f"{named}.index")
@@ -440,11 +450,6 @@ class EpochCheckpoint(keras.callbacks.Callback):
             # model's state, in ckpt-N_temp/, kept by every later run before).
             self._remove_partial_saves()
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
-            positions = self._positions()
-            positions[f"ckpt-{number}"] = [epochs, steps]
-            atomic_io.write_json(os.path.join(self.directory, self.POSITIONS_FILE),
-                                 dict(sorted(positions.items(), key=lambda kv: _number_of(
-                                     kv[0]))[-(self._max_to_keep + 1):]))
         self.epochs_done.assign(epochs)
         self.steps_done.assign(steps)
         self._write_replica_copies(f"ckpt-{number}")
@@ -452,18 +457,18 @@ class EpochCheckpoint(keras.callbacks.Callback):
         # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
         with atomic_io.external_writes(
                 self._write_dir, "tensorflow", whole=lambda name: not name.endswith(".index"),
-                order=lambda name: (2 if name == protocol.CHECKPOINT_INDEX
+                order=lambda name: (2 if name == worker_contract.CHECKPOINT_INDEX
                                     else 1 if name.endswith(".index") else 0)):
             path = self._manager.save(checkpoint_number=number)
         self._last_number = number
-        # Committed: the notice (for its line and stop record, should its grace budget run out
-        # during the clean-up below) and the launcher learn of it now.
-        # Both at once: a grace budget spent in between would end the process with its stop
-        # record naming this state and the launcher's progress record the one before.
-        with preemption.NOTICE.telling():
-            preemption.NOTICE.saved(self.describe(epochs, steps), (epochs, steps))
-            if self._chief:
-                protocol.record_progress(self.directory, saved=(epochs, steps))
+        self._known[f"ckpt-{number}"] = (epochs, steps)
+        # Committed: its position record (which the launcher reads, and the notice's line,
+        # should its grace budget run out during the clean-up below), held off from a spent
+        # budget's end so that the line and the record name the same state.
+        with preemption.NOTICE.ending_held():
+            worker_contract.commit_position(
+                self.directory, worker_contract.Position(epochs, steps, f"ckpt-{number}"),
+                write=self._chief)
         if self._chief:
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
@@ -472,16 +477,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
             self._made_with_written = True
         return path
 
-    def _positions(self) -> dict[str, list[int]]:
-        with contextlib.suppress(OSError, ValueError, TypeError):  # TypeError: not an object.
-            with open(os.path.join(self.directory, self.POSITIONS_FILE), encoding="utf-8") as f:
-                return dict(json.load(f))
-        return {}
-
     def describe(self, epochs: int, steps: int) -> str:
         """A saved position in words, e.g. ``"epoch 3 step 17 in DIR"`` (1-based epoch)."""
-        where = f"the end of epoch {epochs}" if not steps else _short(epochs, steps)
-        return f"{where} in {self.directory}"
+        return worker_contract.Position(epochs, steps, folder=self.directory).where
 
     def _remove_partial_saves(self) -> None:
         """Removes what a failed save left: TensorFlow's ``<prefix>_temp`` folders."""
@@ -538,15 +536,16 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
                         "intact and is where a rerun resumes" if last
                         else "no state was saved before")
-                raise PeerLostError(failures.peer_lost_message(
-                    tasks, f"The training state of {_short(epochs, steps)} could not be saved; "
-                           f"{kept}."), unresponsive=failures.worker_indices(tasks)) from None
+                message = (f"The training state of {position_words((epochs, steps))} could not "
+                           f"be saved; {kept}.")
+                raise PeerLostError(failures.peer_lost_message(tasks, message),
+                                    unresponsive=failures.worker_indices(tasks)) from None
             reason = e.strerror if isinstance(e, OSError) else re.sub(
                 r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
             resume = (f"the state of {self._short_position_of(last)} is intact"
                       if last else "no state was saved before")
             raise StateNotSavedError(
-                f"Could not save the training state of {_short(epochs, steps)} in "
+                f"Could not save the training state of {position_words((epochs, steps))} in "
                 f"{self._write_dir} "
                 f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
                 "make it writable) and run again to resume.") from None
@@ -562,16 +561,22 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def position_of(self, path: str) -> str:
         """The position of the checkpoint at ``path`` in words (``"epoch 3 step 17"``, or
         ``"the end of epoch 2"``)."""
-        epochs, steps = self._positions().get(os.path.basename(path), [_number_of(path), 0])
-        return f"the end of epoch {epochs}" if not steps else _short(epochs, steps)
+        return worker_contract.Position(*self._position_pair_of(path)).words
 
     def _short_position_of(self, path: str) -> str:
-        return _short(*self._positions().get(os.path.basename(path), [_number_of(path), 0]))
+        return position_words(self._position_pair_of(path))
 
-
-def _short(epochs: int, steps: int) -> str:
-    """A position in few words: ``"epoch 2"`` (finished) or ``"epoch 3 step 17"``."""
-    return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
+    def _position_pair_of(self, path: str) -> tuple[int, int]:
+        """The position of a checkpoint this callback restored or saved, else the one the
+        folder's position record gives it (a checkpoint of tfpar before positions were
+        recorded: its number counted epochs)."""
+        name = os.path.basename(path)
+        if name in self._known:
+            return self._known[name]
+        recorded = worker_contract.read_position(self.directory)
+        if recorded is not None and recorded.checkpoint == name:
+            return recorded.pair
+        return _number_of(path), 0
 
 
 @contextlib.contextmanager

@@ -18,8 +18,8 @@ from absl import app
 from absl import flags
 
 from tfpar import config_fields
+from tfpar import worker_contract
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 from tfpar.errors import ConfigError
 from tfpar.errors import ExitStatus
@@ -66,7 +66,7 @@ def exit_cleanly(main: Callable[[list[str]], Any],
         _running.set()
         try:
             result = main(argv)
-            protocol.record_stop(ExitStatus.SUCCESS)
+            worker_contract.record_stop(ExitStatus.SUCCESS)
             return result
         except TfparError as e:
             line = f"Error: {e.render(lambda a: flag_name(a, aliases))}"
@@ -74,18 +74,18 @@ def exit_cleanly(main: Callable[[list[str]], Any],
             # Said in its one line, the program is ending: a Ctrl-C now (a launcher stopping
             # the other workers) would print a traceback from the exit's clean-up instead.
             signal_router.install({signal.SIGINT: signal.SIG_IGN})
-            protocol.record_stop(e.exit_status, line,
+            worker_contract.record_stop(e.exit_status, line,
                                  unresponsive=getattr(e, "unresponsive", ()))
             sys.exit(e.exit_status)
         except KeyboardInterrupt:
             print(INTERRUPTED, file=sys.stderr, flush=True)
             _reported.set()
-            protocol.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
+            worker_contract.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
             sys.exit(ExitStatus.INTERRUPTED)
         except SystemExit:
             raise
         except BaseException as e:
-            protocol.record_stop(ExitStatus.CRASHED, f"{type(e).__name__}: {e}")
+            worker_contract.record_stop(ExitStatus.CRASHED, f"{type(e).__name__}: {e}")
             raise
         finally:
             _running.clear()
@@ -112,7 +112,7 @@ def _end_if_stuck_after_signal() -> None:
             if not _reported.is_set():
                 print(f"{INTERRUPTED} (Stopped while waiting inside TensorFlow.)",
                       file=sys.stderr, flush=True)
-            protocol.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
+            worker_contract.record_stop(ExitStatus.INTERRUPTED, INTERRUPTED)
             os._exit(ExitStatus.INTERRUPTED)
 
     def on_arrival(signum: int) -> None:

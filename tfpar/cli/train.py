@@ -17,13 +17,13 @@ from absl import flags
 from tfpar import atomic_io
 from tfpar import config_fields
 from tfpar import models
+from tfpar import worker_contract
 from tfpar.allreduce.options import StepOptions
 from tfpar.cli import common
 from tfpar.cli import config_flags
 from tfpar.cli import train_report as report
 from tfpar.cluster import gpus
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import slurm
 from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
@@ -99,7 +99,7 @@ def config_from_flags() -> tuple[config_lib.TrainConfig, list]:
     config = config_lib.TrainConfig(
         **{**config_flags.values(config_lib.TrainConfig, exclude=_NOT_FLAGS), "strategy": choice},
         # The launcher's --all_output reaches the workers through their environment.
-        chief_only_progress=os.environ.get(protocol.ALL_OUTPUT_ENV) != "1")
+        chief_only_progress=os.environ.get(worker_contract.ALL_OUTPUT_ENV) != "1")
     return config, device_sets
 
 
@@ -107,7 +107,7 @@ def _gpus_given() -> int:
     """How many GPUs this worker was given: by tfpar's launcher, or to a Slurm task (by Slurm,
     or its share of the node's, pinned here before anything starts CUDA); 0 otherwise."""
     slurm.pin_gpus()
-    if protocol.SLOT_ENV not in os.environ:
+    if worker_contract.SLOT_ENV not in os.environ:
         return slurm.given_gpus(os.environ)
     return len(gpus.visible_gpus(os.environ, which=lambda _: None))
 

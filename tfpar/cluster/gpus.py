@@ -24,7 +24,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 
-from tfpar.cluster import protocol
+from tfpar import worker_contract
 from tfpar.errors import ConfigError
 
 DRIVER_GPUS = "/proc/driver/nvidia/gpus"
@@ -66,7 +66,7 @@ def gpu_listing(environ: Mapping[str, str],
         ConfigError: If ``CUDA_VISIBLE_DEVICES`` lists a GPU more than once.
     """
     driver_gpus = DRIVER_GPUS if driver_gpus is None else driver_gpus
-    visible = environ.get(protocol.VISIBLE_GPUS_ENV)
+    visible = environ.get(worker_contract.VISIBLE_GPUS_ENV)
     if visible is not None:
         entries = [d.strip() for d in visible.split(",")]
         # CUDA stops at the first invalid entry ("-1" hides every GPU).
@@ -77,9 +77,9 @@ def gpu_listing(environ: Mapping[str, str],
             # CUDA reads an index as a number: "00" is GPU 0 again.
             if _same_gpu(entry) in (_same_gpu(e) for e in shown):
                 raise ConfigError(
-                    f"{protocol.VISIBLE_GPUS_ENV} lists GPU {entry} more than once, so workers "
-                    f"would share it. List each GPU once. Received: "
-                    f"{protocol.VISIBLE_GPUS_ENV}={visible!r}.")
+                    f"{worker_contract.VISIBLE_GPUS_ENV} lists GPU {entry} more than once, so "
+                    f"workers would share it. List each GPU once. Received: "
+                    f"{worker_contract.VISIBLE_GPUS_ENV}={visible!r}.")
             shown.append(entry)
         return shown, None
     program = which("nvidia-smi")
@@ -168,7 +168,7 @@ def shares(gpus: Sequence[str], num_slots: int,
     if each == 0 or each * num_slots > len(gpus):
         raise ConfigError(
             f"{num_slots} workers of {each or 1} GPU each need {max(each, 1) * num_slots} GPUs; "
-            f"this host shows {len(gpus)} ({protocol.VISIBLE_GPUS_ENV}, nvidia-smi or the "
+            f"this host shows {len(gpus)} ({worker_contract.VISIBLE_GPUS_ENV}, nvidia-smi or the "
             f"driver's list). Run fewer workers, or set {{argument}}=0 to run them on the CPU.",
             argument="gpus_per_worker")
     given = {slot: ",".join(gpus[slot * each:(slot + 1) * each]) for slot in range(num_slots)}

@@ -51,10 +51,10 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TextIO
 
+from tfpar import worker_contract
 from tfpar.cluster import elastic
 from tfpar.cluster import gpus as gpus_lib
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 from tfpar.cluster import worker_environment
 from tfpar.cluster.restart_policy import Action
@@ -156,18 +156,18 @@ def run_folders(command: Sequence[str]) -> list[str]:
     """The folders under ``--model_dir`` where a tfpar training command keeps its state, as
     worked out from its flags with ``tfpar-train``'s defaults.
 
-    Deprecated: the launcher reads the progress the command's chief records
-    (:class:`tfpar.cluster.protocol.ProgressRecord`) instead; removed in 0.5.0.
+    Deprecated: the launcher reads the folder the command's chief declares
+    (:class:`tfpar.worker_contract.WorkerSpec`) instead; removed in 0.5.0.
     """
-    warnings.warn("tfpar.cluster.launcher.run_folders is deprecated: a worker records its "
-                  "progress (tfpar.cluster.protocol.ProgressRecord), which the launcher reads.",
+    warnings.warn("tfpar.cluster.launcher.run_folders is deprecated: a worker declares its "
+                  "folder (tfpar.worker_contract.WorkerSpec), which the launcher reads.",
                   DeprecationWarning, stacklevel=2)
     strategy = flag_of(command, "strategy") or "mirrored"
     names = flag_of(command, "devices")
     counts = ([len([n for n in names.split(",") if n.strip()])] if names
               else [int(n) for n in (flag_of(command, "num_devices") or "1").split(",")
                     if n.strip().isdigit()])
-    return ["", *(protocol.run_folder_name(strategy, n) for n in counts)]
+    return ["", *(worker_contract.run_folder_name(strategy, n) for n in counts)]
 
 
 def _is_loopback(host: str) -> bool:
@@ -211,9 +211,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             allows, it is lost and the others go on from the last saved state, while at least
             ``min_workers`` remain; lost workers are tried again at the next restart, or at an
             epoch boundary (after 1 epoch, then 2, 4, ... while they keep failing): the
-            launcher sees the epochs in the progress record the chief writes as it saves
-            (:class:`~tfpar.cluster.protocol.ProgressRecord`; tfpar's ``EpochCheckpoint`` and
-            Keras's ``BackupAndRestore`` write it), without one only restarts grow the job.
+            launcher sees the epochs in the position record of the folder the chief declares
+            (:func:`~tfpar.worker_contract.declare`,
+            :func:`~tfpar.worker_contract.commit_position`; tfpar's ``EpochCheckpoint`` and
+            Keras's ``BackupAndRestore`` write both), without one only restarts grow the job.
             The worker for whom a peer said it stopped answering is the one blamed.
         gpus: The host's GPUs as CUDA names them (``None``: ``CUDA_VISIBLE_DEVICES``, else
             what ``nvidia-smi`` lists, else, where it is missing or fails (said in one line),
@@ -276,27 +277,24 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         if idle:
             out.write(f"{idle}\n")
         grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
-        # Where each round's chief records where it resumed and what it saved since.
-        records = tempfile.mkdtemp(prefix="tfpar-progress-")
-        progress = os.path.join(records, "progress.json")
+        # Where each round's chief declares itself (its state's folder).
+        records = tempfile.mkdtemp(prefix="tfpar-spec-")
+        spec = os.path.join(records, "worker_spec.json")
         state = JobState(slots, max_restarts, 0, model_dir,
                          program=signal_router.command_runs_program(command))
-        known = Progress()  # The last progress a chief recorded.
+        known = Progress()  # The last progress a chief's folder showed.
         while True:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(progress)
+                os.remove(spec)
             group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
-                                grace, given, _growth_due(state.slots, progress), progress)
+                                grace, given, _growth_due(state.slots, spec, known), spec)
             try:
                 check_signals()  # A signal before or between rounds: no worker is running.
                 result = group.run()
             except SignalTaken as stop:
                 result = _between_rounds(stop.signum, group)
-            now = progress_of(protocol.ProgressRecord.read(progress))
-            if now.after is None:  # Nothing recorded this round: where the last round ended.
-                now = Progress(known.after, known.after, known.folder, recorded=False)
-            known = now
-            decision = decide(result, now, state)
+            known = progress_of(worker_contract.WorkerSpec.read(spec), known)
+            decision = decide(result, known, state)
             if decision.line:
                 out.write(f"{decision.line}\n")
                 out.flush()
@@ -321,21 +319,26 @@ def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
     return RoundResult(Outcome.NOTICE, ExitStatus.PREEMPTED, workers_ran=False)
 
 
-def progress_of(record: protocol.ProgressRecord | None) -> Progress:
-    """A round's progress as its chief recorded it (none recorded: unknown)."""
-    if record is None:
-        return Progress(recorded=False)
-    return Progress(record.restored or (0, 0), record.latest, record.folder or None)
+def progress_of(spec: worker_contract.WorkerSpec | None, before: Progress) -> Progress:
+    """A round's progress: from where the round before left the job (``before``) to the
+    position record of the folder the round's chief declared (``spec``; none declared: the
+    round did not begin training, and nothing moved)."""
+    start = before.after if before.folder is not None else None
+    if spec is None or not spec.folder:
+        return Progress(start, start, before.folder, recorded=False)
+    position = worker_contract.read_position(spec.folder)
+    return Progress(start if spec.folder == before.folder else None,
+                    position.pair if position is not None else None, spec.folder)
 
 
-def _growth_due(slots: elastic.WorkerSlots, progress: str
+def _growth_due(slots: elastic.WorkerSlots, spec: str, before: Progress
                 ) -> Callable[[], str | None] | None:
     """While slots are lost: the round's check of whether the job should grow now
-    (:func:`~tfpar.cluster.restart_policy.growth_due` of the chief's progress record at
-    ``progress``); else ``None``."""
+    (:func:`~tfpar.cluster.restart_policy.growth_due` of the position saved in the folder the
+    chief declared at ``spec``); else ``None``."""
     if not slots.lost:
         return None
-    return lambda: growth_due(progress_of(protocol.ProgressRecord.read(progress)), slots)
+    return lambda: growth_due(progress_of(worker_contract.WorkerSpec.read(spec), before), slots)
 
 
 def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = None

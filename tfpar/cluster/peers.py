@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
-from tfpar.cluster import protocol
+from tfpar import worker_contract
 from tfpar.cluster import signal_router
 from tfpar.cluster.spec import is_chief
 from tfpar.cluster.spec import is_multi_worker
@@ -204,7 +204,7 @@ def connect(make: Callable[[], tf.distribute.Strategy],
             before every task registered.
     """
     if cluster_resolver is not None and cluster_resolver.cluster_spec().jobs:
-        if os.environ.get(protocol.PRIVATE_NETWORK_ENV) != "1":
+        if os.environ.get(worker_contract.PRIVATE_NETWORK_ENV) != "1":
             address = cluster_resolver.cluster_spec().task_address(cluster_resolver.task_type,
                                                                    cluster_resolver.task_id)
             logging.warning(

@@ -39,7 +39,7 @@ from typing import Any
 
 from absl import logging
 
-from tfpar.cluster import protocol
+from tfpar import worker_contract
 from tfpar.cluster import signal_router
 from tfpar.compat import coordination_values
 from tfpar.errors import ConfigError
@@ -115,7 +115,7 @@ class Notice:
     training loop the process then ends at once (its line, its stop record, the preempted
     status): nothing is in flight to save. Inside one (:meth:`training`), the loop's
     :class:`StopStep` agrees with the other workers on the step to stop after
-    (:meth:`stop_step`), the state is saved there and reported (:meth:`saved`), and the loop
+    (:meth:`stop_step`), the state is saved there (its position record committed), and the loop
     ends the process (:meth:`stop`, then :meth:`exit` or raising :class:`Preempted`). If the
     budget runs out first, the process ends saying which saved state is intact.
 
@@ -130,13 +130,13 @@ class Notice:
         self._name = ""  # The first notice's signal name.
         self._arrived_at = 0.0  # time.monotonic() of the first notice.
         self._stopping = threading.Event()  # The process said why it stops; the budget is quiet.
-        self._last_saved: str | None = None  # The last complete state, in words.
-        self._last_position: tuple[int, int] | None = None  # ... as (epochs, steps).
+        # This process's saves committed before (worker_contract.commits_made at a reset):
+        # the notice's lines name only those after.
+        self._commits_before = worker_contract.commits_made()
         self._stop_position: tuple[int, int] | None = None  # Where the notice's state goes.
-        self._stop_saved = False  # That state is committed: a spent budget lost nothing.
-        # Held while a committed save is made known (here and in the launcher's progress
-        # record): a spent budget waits for it, so the two name the same state.
-        self._telling = threading.Lock()
+        # Held while a committed save's position is recorded: a spent budget waits for it, so
+        # that its line and the position record name the same state.
+        self._ending_held = threading.Lock()
         self._training = 0  # Training loops under way that will stop at a step boundary.
         # Each watch: the signals, budget and exit choice before it, and whether it subscribed.
         self._watches: list[tuple[tuple[signal.Signals, ...], float, bool, bool]] = []
@@ -237,7 +237,8 @@ class Notice:
         threading.Thread(target=self._end_when_budget_is_spent, args=(generation,),
                          name="tfpar-preemption-budget", daemon=True).start()
         if not self._training:  # No training loop will stop at a step: stop here.
-            saved = (f"{self._last_saved} is where a rerun resumes" if self._last_saved else
+            last = self._last_committed()
+            saved = (f"{last.where} is where a rerun resumes" if last else
                      "no training step had run since the start, so nothing new was to be "
                      "saved")
             self.stop(f"Preempted ({self._name}) outside training: {saved}.")
@@ -271,37 +272,37 @@ class Notice:
         """The step a training loop's workers stop after on a notice (see :class:`StopStep`)."""
         return StopStep(run, task, num_workers, notice=self)
 
-    def saved(self, description: str, position: tuple[int, int] | None = None) -> None:
-        """Records the last complete state, in words (``"epoch 2 step 17 in DIR"``) and as
-        ``(epochs finished, steps of the next epoch)``, for the line the grace budget prints
-        if the process must end before the next save is done, and for its stop record."""
-        self._last_saved, self._last_position = description, position
-        if position is not None and position == self._stop_position:
-            self._stop_saved = True
-
     @contextlib.contextmanager
-    def telling(self) -> Iterator[None]:
+    def ending_held(self) -> Iterator[None]:
         """Holds off the end of a spent grace budget (at most :data:`TELLING_WAIT_SECONDS`)
-        while a committed save is made known: this notice's :meth:`saved` and the launcher's
-        progress record, so the stop record and the launcher's line name the same state."""
-        with self._telling:
+        while a committed save's position is recorded
+        (:func:`tfpar.worker_contract.commit_position`), so that the notice's line and the
+        position record the launcher reads name the same state."""
+        with self._ending_held:
             yield
 
     def stop_at(self, position: tuple[int, int]) -> None:
         """Records the position the notice's state is saved at (the step the job agreed on),
-        ``(epochs finished, steps of the next epoch)``: once :meth:`saved` reports it, the
-        notice's state is committed, and a grace budget that runs out afterwards (while the
-        saver cleans up, or the process ends) lost nothing."""
+        ``(epochs finished, steps of the next epoch)``: once a save of it is committed, a grace
+        budget that runs out afterwards (while the saver cleans up, or the process ends) lost
+        nothing."""
         self._stop_position = position
-        if position == self._last_position:
-            self._stop_saved = True
+
+    def _last_committed(self) -> worker_contract.Position | None:
+        """This process's last committed save since the notice was last reset."""
+        return worker_contract.last_committed(self._commits_before)
+
+    def _stop_saved(self) -> bool:
+        """Whether the notice's state is committed (see :meth:`stop_at`)."""
+        last = self._last_committed()
+        return last is not None and last.pair == self._stop_position
 
     def stop(self, message: str) -> Preempted:
         """Prints ``message`` (the process's one line), records the stop for a launcher
-        (:func:`tfpar.cluster.protocol.record_stop`) and returns the exception to raise."""
+        (:func:`tfpar.cluster.worker_contract.record_stop`) and returns the exception to raise."""
         self._stopping.set()
         print(message, file=sys.stderr, flush=True)
-        protocol.record_stop(PREEMPTED_EXIT_STATUS, message, position=self._last_position)
+        worker_contract.record_stop(PREEMPTED_EXIT_STATUS, message)
         return Preempted(message)
 
     @property
@@ -335,31 +336,31 @@ class Notice:
             self._arrived.clear()
             self._recorded.clear()
             self._stopping.clear()
-            self._name, self._arrived_at, self._last_saved = "", 0.0, None
-            self._last_position = self._stop_position = None
-            self._stop_saved = False
+            self._name, self._arrived_at = "", 0.0
+            self._commits_before = worker_contract.commits_made()
+            self._stop_position = None
 
     def _end_when_budget_is_spent(self, generation: int) -> None:
         time.sleep(self.seconds_left())
         if generation != self._generation:  # Forgotten (reset) since.
             return
         # A save being made known (committed, the launcher not yet told) is let finish.
-        self._telling.acquire(timeout=TELLING_WAIT_SECONDS)
-        if not self._stopping.is_set() and self._stop_saved:
+        self._ending_held.acquire(timeout=TELLING_WAIT_SECONDS)
+        last = self._last_committed()
+        if not self._stopping.is_set() and self._stop_saved():
             line = (f"Preempted ({self._name}): the notice's state was saved "
-                    f"({self._last_saved}, where a rerun resumes); the "
+                    f"({last.where if last else ''}, where a rerun resumes); the "
                     f"{self._grace_seconds:g} s grace budget ran out as the process ended, "
                     "with nothing lost.")
             print(line, file=sys.stderr, flush=True)
-            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self._last_position)
+            worker_contract.record_stop(PREEMPTED_EXIT_STATUS, line)
         elif not self._stopping.is_set():
-            saved = (f"{self._last_saved} is intact and is where a rerun resumes"
-                     if self._last_saved else "nothing was saved before")
+            saved = (f"{last.where} is intact and is where a rerun resumes"
+                     if last else "nothing was saved before")
             line = (f"Preempted ({self._name}): the state could not be saved within the "
                     f"{self._grace_seconds:g} s grace budget; {saved}.")
             print(line, file=sys.stderr, flush=True)
-            protocol.record_stop(PREEMPTED_EXIT_STATUS, line, position=self._last_position,
-                                 work_lost=True)
+            worker_contract.record_stop(PREEMPTED_EXIT_STATUS, line, work_lost=True)
         os._exit(PREEMPTED_EXIT_STATUS)
 
 
@@ -373,12 +374,24 @@ NOTICE = Notice()
 # The module's functions before the notice was one object: name -> the Notice member now.
 _MOVED = {"watch_signals": "watch", "unwatch_signals": "unwatch", "watching": "watching",
           "reset": "reset", "noticed": "arrived", "notice_name": "signal_name",
-          "seconds_since_notice": "seconds_since", "saved": "saved", "stopping": "stop",
+          "seconds_since_notice": "seconds_since", "stopping": "stop",
           "exit_now": "exit", "exits_process": "exits_process",
           "training": "training"}
 
 
+def _saved(description: str, position: tuple[int, int] | None = None) -> None:
+    """0.3's ``saved``: the notice now reads the saver's committed position."""
+    del description
+    if position is not None:
+        worker_contract.commit_position("", worker_contract.Position(*position), write=False)
+
+
 def __getattr__(name: str) -> Any:
+    if name == "saved":
+        warnings.warn("tfpar.cluster.preemption.saved is deprecated and will be removed in "
+                      "0.5.0: use tfpar.worker_contract.commit_position.",
+                      DeprecationWarning, stacklevel=2)
+        return _saved
     if name in _MOVED:
         warnings.warn(f"tfpar.cluster.preemption.{name} is deprecated and will be removed in "
                       f"0.5.0: use tfpar.cluster.preemption.NOTICE.{_MOVED[name]}.",

@@ -21,6 +21,7 @@ import signal
 from tfpar.cluster import elastic
 from tfpar.errors import SIGNALLED
 from tfpar.errors import ExitStatus
+from tfpar.worker_contract import position_words
 
 
 class Outcome(enum.Enum):
@@ -158,12 +159,6 @@ failure."""
 # Statuses that end a job without a restart: success, and bad input (the same command fails
 # the same way again).
 NO_RESTART = (ExitStatus.SUCCESS, ExitStatus.BAD_INPUT)
-
-
-def position_words(position: tuple[int, int]) -> str:
-    """A saved position in words: ``epoch 2`` (finished) or ``epoch 3 step 4``."""
-    epochs, steps = position
-    return f"epoch {epochs}" if not steps else f"epoch {epochs + 1} step {steps}"
 
 
 def _workers(count: int) -> str:

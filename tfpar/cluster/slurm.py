@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
+from tfpar import worker_contract
 from tfpar.cluster import gpus as gpus_lib
-from tfpar.cluster import protocol
 from tfpar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def pin_gpus(environ: MutableMapping[str, str] | None = None,
     """
     environ = os.environ if environ is None else environ
     needed = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_STEP_NODELIST")
-    if protocol.VISIBLE_GPUS_ENV in environ or not all(name in environ for name in needed):
+    if worker_contract.VISIBLE_GPUS_ENV in environ or not all(name in environ for name in needed):
         return None
     try:
         per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
@@ -237,13 +237,13 @@ def pin_gpus(environ: MutableMapping[str, str] | None = None,
     if each == 0 or not 0 <= local < per_node:
         return None
     share = ",".join(node[local * each:(local + 1) * each])
-    environ[protocol.VISIBLE_GPUS_ENV] = share
+    environ[worker_contract.VISIBLE_GPUS_ENV] = share
     return share
 
 
 def given_gpus(environ: Mapping[str, str]) -> int:
     """How many GPUs a Slurm task was given (``CUDA_VISIBLE_DEVICES``), 0 outside Slurm."""
-    if "SLURM_PROCID" not in environ or protocol.VISIBLE_GPUS_ENV not in environ:
+    if "SLURM_PROCID" not in environ or worker_contract.VISIBLE_GPUS_ENV not in environ:
         return 0
     return len(gpus_lib.visible_gpus(environ, lambda _: None))
 
@@ -271,7 +271,7 @@ def resolver(environ: Mapping[str, str] | None = None
     check_environment(environ)
     per_node = max(tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
     base = port_base(environ, per_node)
-    if protocol.VISIBLE_GPUS_ENV in environ:
+    if worker_contract.VISIBLE_GPUS_ENV in environ:
         # Slurm (--gpus-per-task, --gres) or pin_gpus gave this task its GPUs: kept as they
         # are. TensorFlow's allocation would count them as the node's and rewrite them to
         # indices of other tasks' GPUs (task 1 given 2,3 would get 1).

@@ -47,9 +47,9 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TextIO
 
+from tfpar import worker_contract
 from tfpar.cluster import elastic
 from tfpar.cluster import private_network
-from tfpar.cluster import protocol
 from tfpar.cluster import signal_router
 from tfpar.cluster import worker_environment
 from tfpar.cluster.restart_policy import Outcome
@@ -132,17 +132,17 @@ class WorkerGroup:
         gpus: Each slot's ``CUDA_VISIBLE_DEVICES`` (none given where absent).
         growth_due: Checked every :data:`GROWTH_CHECK_SECONDS` while slots are lost: why the
             job should grow now (``None``: not yet).
-        progress_record: Where the chief records its progress
-            (:data:`~tfpar.cluster.protocol.PROGRESS_RECORD_ENV`; ``None``: nowhere).
+        worker_spec: Where the chief declares its :class:`~tfpar.worker_contract.WorkerSpec`
+            (:data:`~tfpar.worker_contract.WORKER_SPEC_ENV`; ``None``: nowhere).
     """
 
     def __init__(self, command: Sequence[str], slots: Sequence[int], host: str, out: TextIO,
                  all_output: bool, network: str, grace: float,
                  gpus: Mapping[int, str] | None = None,
                  growth_due: Callable[[], str | None] | None = None,
-                 progress_record: str | None = None):
+                 worker_spec: str | None = None):
         self.command, self.slots, self.host, self.out = list(command), list(slots), host, out
-        self.progress_record = progress_record
+        self.worker_spec = worker_spec
         self.all_output, self.network, self.grace = all_output, network, grace
         self.gpus, self.growth_due = dict(gpus or {}), growth_due
         self._lock = threading.Lock()
@@ -198,14 +198,14 @@ class WorkerGroup:
         processes: list[subprocess.Popen] = []
         for config, slot, record in zip(configs, self.slots, record_paths):
             variables = {
-                protocol.TF_CONFIG_ENV: config, "PYTHONUNBUFFERED": "1",
-                protocol.SLOT_ENV: str(slot), protocol.STOP_RECORD_ENV: record,
-                protocol.ALL_OUTPUT_ENV: "1" if self.all_output else "0",
-                protocol.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
+                worker_contract.TF_CONFIG_ENV: config, "PYTHONUNBUFFERED": "1",
+                worker_contract.SLOT_ENV: str(slot), worker_contract.STOP_RECORD_ENV: record,
+                worker_contract.ALL_OUTPUT_ENV: "1" if self.all_output else "0",
+                worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
             if slot in self.gpus:
-                variables[protocol.VISIBLE_GPUS_ENV] = self.gpus[slot]
-            if self.progress_record:
-                variables[protocol.PROGRESS_RECORD_ENV] = self.progress_record
+                variables[worker_contract.VISIBLE_GPUS_ENV] = self.gpus[slot]
+            if self.worker_spec:
+                variables[worker_contract.WORKER_SPEC_ENV] = self.worker_spec
             env = worker_environment.worker_environment(variables)
             try:
                 # Started before any output thread, so the fork runs preexec_fn single-threaded.
@@ -242,18 +242,18 @@ class WorkerGroup:
                     wait(processes, self.grace)
                     # Whether its save ran out of grace, and how the others ended, are in
                     # their records and statuses: the policy says what the round was.
-                    records = [protocol.StopRecord.read(path) for path in record_paths]
+                    records = [worker_contract.StopRecord.read(path) for path in record_paths]
                     lost_by = tuple(i for i, r in enumerate(records)
                                     if r is not None and r.work_lost)
                     return RoundResult(
                         Outcome.PREEMPTED, code, rank, work_lost=bool(lost_by),
-                        statuses=tuple(protocol.normalized(p.returncode) for p in processes),
+                        statuses=tuple(worker_contract.normalized(p.returncode) for p in processes),
                         lost_by=lost_by)
                 if code not in (None, 0):
                     stop(processes)
-                    status = protocol.normalized(code)
+                    status = worker_contract.normalized(code)
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
-                    record = protocol.StopRecord.read(record_paths[rank])
+                    record = worker_contract.StopRecord.read(record_paths[rank])
                     result = RoundResult(Outcome.FAILED, status, rank, unresponsive=tuple(
                         r for r in (record.unresponsive if record else ())
                         if r < len(processes)))
@@ -285,8 +285,8 @@ class WorkerGroup:
             return RoundResult(Outcome.INTERRUPTED, ExitStatus.INTERRUPTED)
         self.say("launcher: preemption notice; passed to every worker, waiting for them to save.")
         stop(processes, signal.SIGTERM, self.grace)
-        statuses = [protocol.normalized(p.returncode) for p in processes]
-        records = [protocol.StopRecord.read(path) for path in record_paths]
+        statuses = [worker_contract.normalized(p.returncode) for p in processes]
+        records = [worker_contract.StopRecord.read(path) for path in record_paths]
         return RoundResult(Outcome.NOTICE, notice_status(statuses),
                            work_lost=any(r is not None and r.work_lost for r in records),
                            statuses=tuple(statuses))

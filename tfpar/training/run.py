@@ -22,6 +22,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import devices as devices_lib
+from tfpar import worker_contract
 from tfpar.callbacks import save_interval
 from tfpar.callbacks.batchnorm_statistics import AverageAtEpochEnd
 from tfpar.callbacks.checkpointing import EpochCheckpoint
@@ -31,7 +32,6 @@ from tfpar.callbacks.save_on_preemption import SaveOnPreemption
 from tfpar.callbacks.timing import EpochTimer
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
-from tfpar.cluster import protocol
 from tfpar.cluster import spec as cluster_spec
 from tfpar.data import loading
 from tfpar.data import pipelines
@@ -366,7 +366,7 @@ def _chosen_for_the_machine(config: TrainConfig, device_set: devices_lib.DeviceS
 
 def run_folder(root: str, strategy_name: str, num_devices: int) -> str:
     """The folder of one device set's run under ``root`` (``model_dir`` or ``logdir``)."""
-    return os.path.join(root, protocol.run_folder_name(strategy_name, num_devices))
+    return os.path.join(root, worker_contract.run_folder_name(strategy_name, num_devices))
 
 
 def resuming_line(path: str, position: str) -> str:

@@ -57,8 +57,8 @@ import numpy as np
 from absl import logging
 
 from tfpar import atomic_io
-from tfpar import progress_record
 from tfpar import replica_copies
+from tfpar import worker_contract
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
 from tfpar.errors import DamagedStateError
@@ -100,7 +100,7 @@ def _wrap_backup_save(original: Callable) -> Callable:
 # replicas' own copies, :mod:`tfpar.replica_copies`) and, in saves of tfpar 0.3, the copies.
 STEP_KEY, METRICS_KEY = "tfpar_next_step", "tfpar_metrics"
 SEEDS_KEY, REPLICA_COPIES_KEY = "tfpar_seed_states", "tfpar_replica_copies"
-GENERATION_KEY = "tfpar_generation"
+GENERATION_KEY = worker_contract.BACKUP_GENERATION_KEY
 # The list of the generation's replicas' copies files, which a restore holds them to
 # (:attr:`tfpar.replica_copies.Written.files`; ``null``: none were written).
 FILES_KEY = "tfpar_replica_copies_files"
@@ -164,14 +164,23 @@ def _save_generation(callback: Any, original: Callable, next_step: int) -> None:
         with open(callback._training_metadata_path, encoding="utf-8") as f:
             atomic_io.write_text(callback._prev_training_metadata_path, f.read())
     atomic_io.replace(partial, callback._training_metadata_path)  # The commit.
-    progress_record.record_progress(callback.backup_dir, saved=_position(metadata))
+    worker_contract.commit_position(callback.backup_dir, _position(metadata))
     _remove_other_generations(callback.backup_dir,
                               {generation, committed} if double else {generation})
 
 
-def _position(metadata: dict[str, Any]) -> tuple[int, int]:
-    """A save's position: ``(epochs finished, steps of the next epoch)``."""
-    return int(metadata.get("epoch", 0)), int(metadata.get(STEP_KEY, 0))
+def _declare(callback: Any, metadata: dict[str, Any]) -> None:
+    """The chief declares its backup folder to a launcher, whose position record says what it
+    restored."""
+    worker_contract.restored_position(callback.backup_dir, _position(metadata))
+    worker_contract.declare(folder=callback.backup_dir)
+
+
+def _position(metadata: dict[str, Any]) -> worker_contract.Position:
+    """A backup's position, named by its generation (none: Keras's own backup, or none)."""
+    generation = metadata.get(GENERATION_KEY)
+    return worker_contract.Position(int(metadata.get("epoch", 0)), int(metadata.get(STEP_KEY, 0)),
+                                    f"generation-{generation}" if generation is not None else "")
 
 
 def _read_metadata(path: str) -> dict[str, Any]:
@@ -334,7 +343,7 @@ def _wrap_backup_load(original: Callable) -> Callable:
             if metadata:
                 _restore_state_beyond_weights(self, metadata)
             if _writes_checkpoints(self):
-                progress_record.record_progress(self.backup_dir, restored=_position(metadata))
+                _declare(self, metadata)
             return loaded
         try:
             loaded = _load_generation(self, original, metadata)
@@ -350,7 +359,7 @@ def _wrap_backup_load(original: Callable) -> Callable:
             loaded = _load_generation(self, original, metadata)
         _restore_state_beyond_weights(self, metadata)
         if _writes_checkpoints(self):
-            progress_record.record_progress(self.backup_dir, restored=_position(metadata))
+            _declare(self, metadata)
         return loaded
 
     return _load_model
