@@ -436,6 +436,23 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         # The restore wrote the record of what it restored.
         self.assertEqual(worker_contract.read_position(directory).pair, (1, 0))
 
+    def test_the_resume_line_names_the_checkpoints_own_position_where_the_record_is_stale(self):
+        # A kill between TensorFlow's commit of a save and its position record: the record
+        # names the save before, so the line (printed before the restore) reads the
+        # checkpoint itself, not its number (which counts optimizer steps).
+        directory, checkpoint = self.saved_once()
+        record = os.path.join(directory, worker_contract.POSITION_FILE)
+        with open(record, encoding="utf-8") as f:
+            before = f.read()
+        checkpoint.save_inside_epoch(1, 3)
+        with open(record, "w", encoding="utf-8") as f:
+            f.write(before)
+        self.assertIsNone(worker_contract.read_position(directory))
+        fresh = checkpointing.EpochCheckpoint(directory, checkpoint._model, checkpoint._strategy)
+        self.assertEqual(fresh.position_of(fresh.latest), "epoch 2 step 3")
+        self.assertEqual(fresh.restore(), 1)
+        self.assertEqual(worker_contract.read_position(directory).pair, (1, 3))
+
     def test_a_save_removes_what_a_save_killed_inside_tensorflows_write_left(self):
         # A kill inside TensorFlow's write leaves ckpt-N_temp/ with a partial data file as
         # large as the state; it was removed only after a save that failed, so every kill

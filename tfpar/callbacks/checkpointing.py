@@ -568,14 +568,20 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
     def _position_pair_of(self, path: str) -> tuple[int, int]:
         """The position of a checkpoint this callback restored or saved, else the one the
-        folder's position record gives it (a checkpoint of tfpar before positions were
-        recorded: its number counted epochs)."""
+        folder's position record gives it, else the one its own variables hold (a checkpoint
+        of tfpar before positions were saved: its number counted epochs)."""
         name = os.path.basename(path)
         if name in self._known:
             return self._known[name]
         recorded = worker_contract.read_position(self.directory)
         if recorded is not None and recorded.checkpoint == name:
             return recorded.pair
+        with contextlib.suppress(tf.errors.OpError, ValueError, LookupError):
+            reader = tf.train.load_checkpoint(path)
+            saved = reader.get_variable_to_shape_map()
+            epochs = int(reader.get_tensor(_VALUE.format("epochs_done")))
+            steps = _VALUE.format("steps_done")
+            return epochs, int(reader.get_tensor(steps)) if steps in saved else 0
         return _number_of(path), 0
 
 
