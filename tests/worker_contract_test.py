@@ -6,7 +6,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 from unittest import mock
 
 from absl.testing import absltest
@@ -110,6 +113,37 @@ class WorkerContractTest(absltest.TestCase):
             self.assertIsNone(worker_contract.WorkerSpec.read(path), broken)
         with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: "/no/such/d/s.json"}):
             worker_contract.declare(folder="state")  # Help for the launcher, not a need.
+
+    def test_a_declaration_adds_to_the_ones_before(self):
+        path = os.path.join(temporary_folder(self), "spec.json")
+        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: path}), \
+                mock.patch.dict(worker_contract._declared, clear=True):
+            worker_contract.declare(grace_seconds=30)
+            worker_contract.declare(replicas_per_worker=2, virtual_replicas=8)
+            spec = worker_contract.declare(folder="/state")
+        self.assertEqual(spec, worker_contract.WorkerSpec("/state", 30.0, 2, 8))
+        self.assertEqual(worker_contract.WorkerSpec.read(path), spec)
+        self.assertEqual(spec.worker_counts(1, 4), (1, 2, 4))
+
+    def test_tfpars_strategies_and_notices_declare_their_part(self):
+        path = os.path.join(temporary_folder(self), "spec.json")
+        code = textwrap.dedent("""
+            import signal
+            import tensorflow as tf
+            tf.config.set_logical_device_configuration(
+                tf.config.list_physical_devices("CPU")[0],
+                [tf.config.LogicalDeviceConfiguration()] * 2)
+            from tfpar import strategies
+            from tfpar.cluster import preemption
+            preemption.NOTICE.watch([signal.SIGUSR1], 45)
+            strategies.get("allreduce", 2, virtual_replicas=4)
+            """)
+        env = {**os.environ, worker_contract.WORKER_SPEC_ENV: path}
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(worker_contract.WorkerSpec.read(path),
+                         worker_contract.WorkerSpec("", 45.0, 2, 4))
 
     def test_the_stop_record_round_trip(self):
         with tempfile.TemporaryDirectory() as folder:

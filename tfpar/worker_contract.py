@@ -267,14 +267,32 @@ def _read_legacy_positions(folder: str) -> Position | None:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker declares of itself to its launcher as it starts training.
+    """What a worker declares of itself to its launcher (the job's chief: the workers run one
+    command).
 
     Attributes:
         folder: The folder of the training state it restored and saves (its position record
             is there; ``""``: none declared).
+        grace_seconds: The longest it takes from a preemption notice to its exit (``None``:
+            none declared; the launcher assumes the default budget).
+        replicas_per_worker: The replicas (devices) each worker trains on (``None``: not
+            declared).
+        virtual_replicas: The shards of a world-size-invariant job (0: not one): it runs only
+            on a number of replicas that divides them.
     """
 
     folder: str = ""
+    grace_seconds: float | None = None
+    replicas_per_worker: int | None = None
+    virtual_replicas: int = 0
+
+    def worker_counts(self, minimum: int, maximum: int) -> tuple[int, ...] | None:
+        """The numbers of workers, from ``minimum`` to ``maximum``, the job may run with: for a
+        world-size-invariant job, those whose replicas divide its shards; ``None``: any."""
+        if not self.virtual_replicas or not self.replicas_per_worker:
+            return None
+        return tuple(n for n in range(minimum, maximum + 1)
+                     if self.virtual_replicas % (n * self.replicas_per_worker) == 0)
 
     @classmethod
     def read(cls, path: str) -> WorkerSpec | None:
@@ -283,26 +301,40 @@ class WorkerSpec:
         if data is None:
             return None
         with contextlib.suppress(TypeError, ValueError):
-            return cls(folder=str(data.get("folder", "")))
+            grace, replicas = data.get("grace_seconds"), data.get("replicas_per_worker")
+            return cls(folder=str(data.get("folder", "")),
+                       grace_seconds=float(grace) if grace is not None else None,
+                       replicas_per_worker=int(replicas) if replicas is not None else None,
+                       virtual_replicas=int(data.get("virtual_replicas") or 0))
         return None
 
 
 _declared: dict[str, Any] = {}
 
 
-def declare(*, folder: str | None = None) -> WorkerSpec:
-    """Declares what this process is to its launcher (:class:`WorkerSpec`): written where the
-    launcher asked (:data:`WORKER_SPEC_ENV`; nothing without one). tfpar's savers declare their
-    folder as they restore; a script with savers of its own declares it the same way.
+def declare(*, folder: str | None = None, grace_seconds: float | None = None,
+            replicas_per_worker: int | None = None,
+            virtual_replicas: int | None = None) -> WorkerSpec:
+    """Declares what this process is to its launcher (:class:`WorkerSpec`), adding to what it
+    declared before: written where the launcher asked (:data:`WORKER_SPEC_ENV`, given to the
+    job's chief; nothing without one). tfpar declares for you: its savers their folder as they
+    restore, a preemption notice's watch its grace budget, a strategy built through
+    :mod:`tfpar.strategies` its replicas and shards. A script with savers or signal handling of
+    its own declares the same way.
 
     Args:
         folder: The folder of the training state, where its position record is.
+        grace_seconds: The longest it takes from a preemption notice to its exit.
+        replicas_per_worker: The replicas each worker of the job trains on.
+        virtual_replicas: The shards of a world-size-invariant job (0: not one).
 
     Returns:
         Everything this process declared so far.
     """
-    if folder is not None:
-        _declared["folder"] = os.path.abspath(folder)
+    given = {"folder": os.path.abspath(folder) if folder is not None else None,
+             "grace_seconds": grace_seconds, "replicas_per_worker": replicas_per_worker,
+             "virtual_replicas": virtual_replicas}
+    _declared.update({name: value for name, value in given.items() if value is not None})
     spec = WorkerSpec(**_declared)
     path = os.environ.get(WORKER_SPEC_ENV)
     if path:

@@ -44,15 +44,16 @@ class EpochCheckpointTest(testing.StrategyTestCase):
 
     def test_the_chief_declares_its_folder_and_commits_each_saves_position(self):
         spec = os.path.join(self.get_temp_dir(), "spec.json")
-        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: spec}):
+        with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: spec}), \
+                mock.patch.dict(worker_contract._declared, clear=True):
             directory, checkpoint = self.saved_once()
-            self.assertIsNone(worker_contract.WorkerSpec.read(spec))  # Declared at a restore.
+            self.assertEqual(worker_contract.WorkerSpec.read(spec).folder, "")  # At a restore.
             latest = os.path.basename(checkpoint.latest)
             self.assertEqual(worker_contract.read_position(directory),
                              worker_contract.Position(1, 0, latest, directory))
             self.assertEqual(checkpoint.restore(), 1)
-            self.assertEqual(worker_contract.WorkerSpec.read(spec),
-                             worker_contract.WorkerSpec(os.path.abspath(directory)))
+            self.assertEqual(worker_contract.WorkerSpec.read(spec).folder,
+                             os.path.abspath(directory))
             before = worker_contract.commits_made()
             checkpoint.save_inside_epoch(1, 3)
             latest = os.path.basename(checkpoint.latest)

@@ -13,6 +13,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from conftest import checkpoint_values
 
+from tfpar import worker_contract
 from tfpar.cluster import elastic
 from tfpar.cluster import launcher
 from tfpar.cluster.restart_policy import JobState
@@ -34,6 +35,9 @@ slot = int(os.environ["TFPAR_WORKER_SLOT"])
 config = json.loads(os.environ["TF_CONFIG"])
 print("slot", slot, "rank", config["task"]["index"], "of", len(config["cluster"]["worker"]),
       flush=True)
+if os.environ.get("VIRTUAL"):  # A world-size-invariant job's chief declares its shards.
+    from tfpar import worker_contract
+    worker_contract.declare(replicas_per_worker=1, virtual_replicas=int(os.environ["VIRTUAL"]))
 fail = dict(item.split("@") for item in os.environ["FAIL"].split(","))
 time.sleep(float(fail.get(str(slot), 6)))
 sys.exit(3 if str(slot) in fail else 0)
@@ -83,13 +87,13 @@ class WorkerRangeTest(tf.test.TestCase, parameterized.TestCase):
     def test_a_world_size_invariant_job_runs_only_with_sizes_its_shards_divide_into(self):
         # virtual_replicas=4 on 4 workers, at least 2: losing slot 1 leaves 3, so the highest
         # slot running is set aside too; both come back at the next try, only slot 1 on trial.
-        self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=4"], 2, 4), (2, 4))
-        self.assertIsNone(launcher.worker_counts(["t"], 2, 4))
-        self.assertEqual(launcher.worker_counts(["t", "--virtual_replicas=8"], 1, 4, 2),
-                         (1, 2, 4))
-        with self.assertRaisesRegex(ConfigError, "--virtual_replicas=4 needs a number of "
-                                                 "replicas that divides it; 3 workers of 1 "):
-            launcher.worker_counts(["t", "--virtual_replicas=4"], 2, 3)
+        spec = worker_contract.WorkerSpec(replicas_per_worker=1, virtual_replicas=4)
+        self.assertEqual(spec.worker_counts(2, 4), (2, 4))
+        self.assertIsNone(worker_contract.WorkerSpec(replicas_per_worker=1).worker_counts(2, 4))
+        self.assertIsNone(worker_contract.WorkerSpec(virtual_replicas=4).worker_counts(2, 4))
+        self.assertEqual(worker_contract.WorkerSpec(replicas_per_worker=2, virtual_replicas=8)
+                         .worker_counts(1, 4), (1, 2, 4))
+        self.assertEqual(spec.worker_counts(2, 3), (2,))  # 3 workers' replicas do not divide.
         slots = elastic.WorkerSlots(2, 4, sizes=(2, 4))
         self.assertTrue(slots.can_lose(1))
         slots.lose(1, epochs_done=1)
@@ -140,6 +144,18 @@ class ElasticLauncherTest(tf.test.TestCase):
             "workers would be left, fewer than the minimum of 3; exiting with the failed "
             "worker's status (3)."])
         self.assertIn("[worker 2] slot 3 rank 2 of 3", output)
+
+    def test_a_world_size_invariant_job_shrinks_to_a_size_its_chief_declared(self):
+        # The chief declares 1 replica per worker and 4 shards: losing slot 1 of 4 leaves 3,
+        # which do not divide them, so slot 3 is set aside too (the launcher read no flag).
+        status, output, model_dir = self.launch(4, 2, FAIL="1@1", VIRTUAL="4")
+        self.assertEqual(status, 0, output)
+        self.assertEqual(launcher_lines(output)[1:], [
+            "launcher: the restarts at 4 workers are used up (0 of 0): slot 1 is lost and slot "
+            "3 set aside with it (the job runs with 4 or 2 workers) (tried again after epoch 1 "
+            "or at a restart); going on with 2 workers of 4 (at least 2) at the same global "
+            f"batch, resuming from what {model_dir} holds."])
+        self.assertIn("[worker 1] slot 2 rank 1 of 2", output)
 
     def test_a_job_goes_on_with_the_workers_it_has_and_succeeds(self):
         status, output, model_dir = self.launch(3, 1, FAIL="0@1")

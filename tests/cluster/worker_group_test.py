@@ -2,6 +2,7 @@
 reports, the environment each worker gets, and its stop record read after it exited."""
 
 import io
+import json
 import os
 import sys
 
@@ -48,11 +49,24 @@ class WorkerGroupTest(tf.test.TestCase):
         return group.run(), out.getvalue()
 
     def test_every_worker_succeeding(self):
-        spec = os.path.join(self.get_temp_dir(), "spec.json")
-        result, output = self.run_round("0", "0", spec=spec)
+        result, output = self.run_round("0", "0")
         self.assertEqual(result, RoundResult(Outcome.SUCCEEDED, 0, 0))
-        # Each worker's slot and rank, and where the chief declares itself.
-        self.assertIn(f"[worker 1] slot 1 rank 1 spec {spec}", output)
+        self.assertIn("[worker 1] slot 1 rank 1 spec -", output)  # Each worker's slot, rank.
+
+    def test_after_a_notice_the_workers_get_the_grace_budget_their_chief_declared(self):
+        spec = os.path.join(self.get_temp_dir(), "declared.json")
+        group = worker_group.WorkerGroup(["t"], [0], "127.0.0.1", io.StringIO(), False, "host",
+                                         grace=130.0, worker_spec=spec, grace_margin=10.0)
+        self.assertEqual(group._notice_grace(), 130.0)  # Nothing declared: the default.
+        with open(spec, "w", encoding="utf-8") as f:
+            json.dump({"grace_seconds": 3}, f)
+        self.assertEqual(group._notice_grace(), 13.0)
+
+    def test_only_the_chief_is_asked_for_the_worker_spec(self):
+        spec = os.path.join(self.get_temp_dir(), "spec.json")
+        _, output = self.run_round("0", "0", spec=spec)
+        self.assertIn(f"[worker 0] slot 0 rank 0 spec {spec}", output)
+        self.assertIn("[worker 1] slot 1 rank 1 spec -", output)
 
     def test_a_failing_worker_is_the_one_reported_and_the_others_are_stopped(self):
         result, output = self.run_round("sleep", "3")

@@ -132,19 +132,6 @@ def _with_flagfiles(command: Sequence[str], depth: int = 0) -> list[str]:
     return expanded
 
 
-def _integer(text: str | None, prefixed: bool = True) -> int | None:
-    """``text`` as an integer as the programs parse it (``" 4"``, ``"+4"``; ``"0x4"`` as absl's
-    integer flags do where ``prefixed``, not as ``--num_devices``'s items), or ``None``."""
-    if text is None:
-        return None
-    text = text.strip()
-    base = 10
-    if prefixed and len(text) > 2 and text[0] == "0":
-        base = {"x": 16, "o": 8}.get(text[1], 10)
-    try:
-        return int(text, base)
-    except ValueError:
-        return None
 
 
 def model_dir_of(command: Sequence[str]) -> str | None:
@@ -238,8 +225,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             this machine (or not loopback on a private network), a private network cannot be
             made here, ``CUDA_VISIBLE_DEVICES`` lists a GPU twice, restarts (``max_restarts``,
             or an elastic job) are asked without ``--model_dir`` in the command nor
-            ``resumes_itself``, the workers need more GPUs than the host shows, or, under
-            ``--virtual_replicas``, their replicas do not divide it.
+            ``resumes_itself``, or the workers need more GPUs than the host shows. (A
+            world-size-invariant job whose replicas do not divide its shards is refused by
+            its workers, exit 2; the sizes an elastic one shrinks to are those its chief
+            declares, :class:`~tfpar.worker_contract.WorkerSpec`.)
     """
     # Signals are the launcher's from here on: a notice while it looks for GPUs
     # (nvidia-smi can take seconds) is taken before the first round, as between two rounds.
@@ -263,10 +252,9 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             host_gpus, listing_note = ((list(gpus), None) if gpus is not None
                                        else gpus_lib.gpu_listing(os.environ))
             given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
-        # The replicas of a worker: its devices, which its command's flags or its GPU share
-        # give (checked before any worker starts).
-        slots = elastic.WorkerSlots(minimum, num_workers, sizes=worker_counts(
-            command, minimum, num_workers, len([g for g in given.get(0, "").split(",") if g])))
+        # The sizes a world-size-invariant job runs with are known once its chief declares
+        # its replicas and shards (its worker spec).
+        slots = elastic.WorkerSlots(minimum, num_workers)
         out = out or sys.stdout
         if worker_environment.legacy_keras_asked():
             out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
@@ -276,7 +264,6 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             out.write(f"launcher: {listing_note}\n")
         if idle:
             out.write(f"{idle}\n")
-        grace = _grace_of(command) + PREEMPTION_MARGIN_SECONDS
         # Where each round's chief declares itself (its state's folder).
         records = tempfile.mkdtemp(prefix="tfpar-spec-")
         spec = os.path.join(records, "worker_spec.json")
@@ -287,13 +274,18 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
             with contextlib.suppress(FileNotFoundError):
                 os.remove(spec)
             group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
-                                grace, given, _growth_due(state.slots, spec, known), spec)
+                                preemption.DEFAULT_GRACE_SECONDS + PREEMPTION_MARGIN_SECONDS,
+                                given, _growth_due(state.slots, spec, known), spec,
+                                grace_margin=PREEMPTION_MARGIN_SECONDS)
             try:
                 check_signals()  # A signal before or between rounds: no worker is running.
                 result = group.run()
             except SignalTaken as stop:
                 result = _between_rounds(stop.signum, group)
-            known = progress_of(worker_contract.WorkerSpec.read(spec), known)
+            declared = worker_contract.WorkerSpec.read(spec)
+            known = progress_of(declared, known)
+            if declared is not None and state.slots.sizes is None:
+                state.slots.sizes = declared.worker_counts(minimum, num_workers)
             decision = decide(result, known, state)
             if decision.line:
                 out.write(f"{decision.line}\n")
@@ -341,73 +333,10 @@ def _growth_due(slots: elastic.WorkerSlots, spec: str, before: Progress
     return lambda: growth_due(progress_of(worker_contract.WorkerSpec.read(spec), before), slots)
 
 
-def devices_per_worker(command: Sequence[str], gpus_per_worker: int | None = None
-                       ) -> tuple[tuple[int, ...], str]:
-    """The devices (replicas) each worker of a tfpar training command trains on, as
-    ``tfpar-train`` picks them, and where that comes from in words.
-
-    The command's ``--devices`` (names), else its ``--num_devices`` (each device-set size it
-    lists: GPUs where there are enough, else logical CPU devices), else the GPUs the launcher
-    gives each worker (a worker trains on all of its share), else one.
-
-    Args:
-        command: The workers' command.
-        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
-
-    Returns:
-        The device counts (one per device set the command lists), and their origin
-        (``"--num_devices=2"``, ``"2 GPUs each"``, ``"one device each"``).
-    """
-    names = flag_of(command, "devices")
-    if names:
-        listed = [n.strip() for n in names.split(",") if n.strip()]
-        return (len(listed),), f"--devices={','.join(listed)}"
-    text = flag_of(command, "num_devices")
-    items = (_integer(n, prefixed=False) for n in (text or "").split(","))
-    counts = tuple(n for n in items if n and n > 0)
-    if counts:
-        return counts, f"--num_devices={text}"
-    if gpus_per_worker:
-        return (gpus_per_worker,), f"{gpus_per_worker} GPU{'s' * (gpus_per_worker != 1)} each"
-    return (1,), "one device each"
 
 
-def worker_counts(command: Sequence[str], minimum: int, maximum: int,
-                  gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
-    """The numbers of workers a command may run with: under ``--virtual_replicas=V`` (a
-    world-size-invariant job) those whose replicas (workers x each worker's devices,
-    :func:`devices_per_worker`) divide ``V``; ``None`` (any) otherwise.
-
-    Args:
-        command: The workers' command.
-        minimum: The fewest workers.
-        maximum: The most workers.
-        gpus_per_worker: The GPUs the launcher gives each worker (``None`` or 0: none).
-
-    Raises:
-        ConfigError: If ``maximum`` workers' replicas do not divide ``V``.
-    """
-    virtual = _integer(flag_of(command, "virtual_replicas"))
-    if not virtual or virtual < 0:
-        return None
-    counts, origin = devices_per_worker(command, gpus_per_worker)
-    sizes = tuple(n for n in range(minimum, maximum + 1)
-                  if all(virtual % (n * each) == 0 for each in counts))
-    if maximum not in sizes:
-        each = next(c for c in counts if virtual % (maximum * c))
-        raise ConfigError(
-            f"--virtual_replicas={virtual} needs a number of replicas that divides it; "
-            f"{maximum} workers of {each} device{'s' * (each != 1)} ({origin}) are "
-            f"{maximum * each} replicas. Launch a number of workers whose replicas divide "
-            f"{virtual}.", argument="num_workers")
-    return sizes
 
 
-def _grace_of(command: Sequence[str]) -> float:
-    """The preemption grace budget the command's workers take (tfpar's flag, else default)."""
-    with contextlib.suppress(TypeError, ValueError):
-        return float(flag_of(command, "preemption_grace_seconds"))  # type: ignore[arg-type]
-    return preemption.DEFAULT_GRACE_SECONDS
 
 
 def _check_launch(command: Sequence[str], num_workers: int, min_workers: int | None, host: str,

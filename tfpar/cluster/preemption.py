@@ -176,6 +176,7 @@ class Notice:
         if exit_process is not None:
             self._exit_process = exit_process
         self._grace_seconds = float(grace_seconds)
+        worker_contract.declare(grace_seconds=self._grace_seconds)  # The launcher waits so long.
         self._signals = tuple(signal.Signals(s) for s in signals)
         # Notices a program recorded from its first import of tfpar, before this watch.
         for signum in signal_router.take_early(self._signals):

@@ -134,18 +134,29 @@ class WorkerGroup:
             job should grow now (``None``: not yet).
         worker_spec: Where the chief declares its :class:`~tfpar.worker_contract.WorkerSpec`
             (:data:`~tfpar.worker_contract.WORKER_SPEC_ENV`; ``None``: nowhere).
+        grace_margin: Where the chief declared its grace budget, the workers get that budget
+            plus this margin after a notice, instead of ``grace``.
     """
 
     def __init__(self, command: Sequence[str], slots: Sequence[int], host: str, out: TextIO,
                  all_output: bool, network: str, grace: float,
                  gpus: Mapping[int, str] | None = None,
                  growth_due: Callable[[], str | None] | None = None,
-                 worker_spec: str | None = None):
+                 worker_spec: str | None = None, grace_margin: float = 0.0):
         self.command, self.slots, self.host, self.out = list(command), list(slots), host, out
-        self.worker_spec = worker_spec
+        self.worker_spec, self.grace_margin = worker_spec, grace_margin
         self.all_output, self.network, self.grace = all_output, network, grace
         self.gpus, self.growth_due = dict(gpus or {}), growth_due
         self._lock = threading.Lock()
+
+    def _notice_grace(self) -> float:
+        """Seconds the workers get to save and exit after a notice: the grace budget the chief
+        declared plus the margin, else ``grace``."""
+        declared = (worker_contract.WorkerSpec.read(self.worker_spec)
+                    if self.worker_spec else None)
+        if declared is None or declared.grace_seconds is None:
+            return self.grace
+        return declared.grace_seconds + self.grace_margin
 
     def say(self, line: str) -> None:
         """Writes one launcher line."""
@@ -196,7 +207,7 @@ class WorkerGroup:
             ConfigError: If the command cannot be run (the workers started are stopped).
         """
         processes: list[subprocess.Popen] = []
-        for config, slot, record in zip(configs, self.slots, record_paths):
+        for rank, (config, slot, record) in enumerate(zip(configs, self.slots, record_paths)):
             variables = {
                 worker_contract.TF_CONFIG_ENV: config, "PYTHONUNBUFFERED": "1",
                 worker_contract.SLOT_ENV: str(slot), worker_contract.STOP_RECORD_ENV: record,
@@ -204,8 +215,8 @@ class WorkerGroup:
                 worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
             if slot in self.gpus:
                 variables[worker_contract.VISIBLE_GPUS_ENV] = self.gpus[slot]
-            if self.worker_spec:
-                variables[worker_contract.WORKER_SPEC_ENV] = self.worker_spec
+            if self.worker_spec and rank == 0:
+                variables[worker_contract.WORKER_SPEC_ENV] = self.worker_spec  # The chief.
             env = worker_environment.worker_environment(variables)
             try:
                 # Started before any output thread, so the fork runs preexec_fn single-threaded.
@@ -239,7 +250,7 @@ class WorkerGroup:
                 if code == ExitStatus.PREEMPTED:
                     self.say(f"launcher: {self._who(rank)} stopped for a preemption notice "
                              f"(exit {code}); waiting for the others to save.")
-                    wait(processes, self.grace)
+                    wait(processes, self._notice_grace())
                     # Whether its save ran out of grace, and how the others ended, are in
                     # their records and statuses: the policy says what the round was.
                     records = [worker_contract.StopRecord.read(path) for path in record_paths]
@@ -270,7 +281,7 @@ class WorkerGroup:
                 if why:
                     self.say(f"launcher: {why}; a notice to every worker to save and stop, to "
                              "try the lost slots again.")
-                    stop(processes, signal.SIGTERM, self.grace)
+                    stop(processes, signal.SIGTERM, self._notice_grace())
                     if all(p.returncode == 0 for p in processes):  # The job ended meanwhile.
                         return RoundResult(Outcome.SUCCEEDED)
                     return RoundResult(Outcome.GROWING)
@@ -284,7 +295,7 @@ class WorkerGroup:
             self.say("launcher: interrupted; stopped every worker.")
             return RoundResult(Outcome.INTERRUPTED, ExitStatus.INTERRUPTED)
         self.say("launcher: preemption notice; passed to every worker, waiting for them to save.")
-        stop(processes, signal.SIGTERM, self.grace)
+        stop(processes, signal.SIGTERM, self._notice_grace())
         statuses = [worker_contract.normalized(p.returncode) for p in processes]
         records = [worker_contract.StopRecord.read(path) for path in record_paths]
         return RoundResult(Outcome.NOTICE, notice_status(statuses),

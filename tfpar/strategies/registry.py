@@ -40,6 +40,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 from typing import Any
 
+from tfpar import worker_contract
 from tfpar.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -315,6 +316,9 @@ class StrategyChoice:
                             "a tf.distribute.Strategy.")
         _fix_keras_for_foreign(self.name, strategy)
         _MADE[strategy] = Selection(self.entry, dict(self.options), device_set)
+        # Under a launcher, the job's shape: the world sizes it can run on.
+        worker_contract.declare(replicas_per_worker=len(device_set),
+                                virtual_replicas=self.virtual_replicas)
         return strategy
 
 
