@@ -77,6 +77,12 @@ class WorkerContractTest(absltest.TestCase):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(broken)
             self.assertIsNone(worker_contract.read_position(folder), broken)
+        # Valid JSON that is no position: an infinite number, arrays nested past the parser.
+        for broken in ('{"epochs": 1e999}', '{"epochs": 1, "steps": -1}', "[" * 100000):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(broken)
+            self.assertIsNone(worker_contract.read_position(folder), broken[:20])
+            worker_contract.restored_position(folder, Position(0, 0))  # Rewritten, no error.
         os.remove(path)
         os.mkdir(path)  # A folder in its place.
         self.assertIsNone(worker_contract.read_position(folder))
@@ -107,10 +113,11 @@ class WorkerContractTest(absltest.TestCase):
             spec = worker_contract.declare(folder="state")
         self.assertEqual(spec.folder, os.path.abspath("state"))
         self.assertEqual(worker_contract.WorkerSpec.read(path), spec)
-        for broken in ("", "{", "[1]", '"folder"'):
+        for broken in ("", "{", "[1]", '"folder"', '{"grace_seconds": 1e999}',
+                       '{"grace_seconds": -1}', '{"replicas_per_worker": 0}', "[" * 100000):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(broken)
-            self.assertIsNone(worker_contract.WorkerSpec.read(path), broken)
+            self.assertIsNone(worker_contract.WorkerSpec.read(path), broken[:30])
         with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: "/no/such/d/s.json"}):
             worker_contract.declare(folder="state")  # Help for the launcher, not a need.
 
@@ -160,7 +167,8 @@ class WorkerContractTest(absltest.TestCase):
                 json.dump({"status": 69, "unresponsive": [2], "position": [1, 0]}, f)
             self.assertEqual(worker_contract.StopRecord.read(path),
                              worker_contract.StopRecord(69, "", (2,), False))
-            for broken in ("", "{", '{"reason": "no status"}', "[1, 2]"):
+            for broken in ("", "{", '{"reason": "no status"}', "[1, 2]", '{"status": 1e999}',
+                           "[" * 100000):
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(broken)
                 self.assertIsNone(worker_contract.StopRecord.read(path), broken)
@@ -201,10 +209,14 @@ class DeprecatedRecordsTest(absltest.TestCase):
             protocol.no_such_name  # noqa: B018
 
     def test_the_notices_saved_of_0_3_commits_the_position_it_names(self):
-        before = worker_contract.commits_made()
-        with self.assertWarnsRegex(DeprecationWarning, "worker_contract.commit_position"):
-            preemption.saved("epoch 2 step 3 in /runs/x", (1, 3))
-        self.assertEqual(worker_contract.last_committed(before).pair, (1, 3))
+        for description, position, expected in (
+                ("epoch 2 step 3 in /runs/x", (1, 3), "epoch 2 step 3 in /runs/x"),
+                ("epoch 2 step 17 in /runs/y", None, "epoch 2 step 17 in /runs/y"),
+                ("the end of epoch 2 in /runs/z", None, "the end of epoch 2 in /runs/z")):
+            before = worker_contract.commits_made()
+            with self.assertWarnsRegex(DeprecationWarning, "worker_contract.commit_position"):
+                preemption.saved(description, position)
+            self.assertEqual(worker_contract.last_committed(before).where, expected)
 
 if __name__ == "__main__":
     absltest.main()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import threading
@@ -243,9 +244,11 @@ def read_position(folder: str) -> Position | None:
             return None
         position = Position(int(data["epochs"]), int(data.get("steps", 0)),
                             str(data.get("checkpoint", "")), folder)
+        if position.epochs < 0 or position.steps < 0:
+            return None
     except FileNotFoundError:
         return _read_legacy_positions(folder)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
         return None
     if (committed_save(folder) or "") != position.checkpoint:
         return None
@@ -259,7 +262,7 @@ def _read_legacy_positions(folder: str) -> Position | None:
             positions = json.load(f)
         epochs, steps = positions[latest]
         return Position(int(epochs), int(steps), str(latest), folder)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
         return None
 
 
@@ -300,12 +303,15 @@ class WorkerSpec:
         data = _read_object(path)
         if data is None:
             return None
-        with contextlib.suppress(TypeError, ValueError):
+        with contextlib.suppress(TypeError, ValueError, ArithmeticError):
             grace, replicas = data.get("grace_seconds"), data.get("replicas_per_worker")
-            return cls(folder=str(data.get("folder", "")),
-                       grace_seconds=float(grace) if grace is not None else None,
-                       replicas_per_worker=int(replicas) if replicas is not None else None,
-                       virtual_replicas=int(data.get("virtual_replicas") or 0))
+            grace = float(grace) if grace is not None else None
+            replicas = int(replicas) if replicas is not None else None
+            virtual = int(data.get("virtual_replicas") or 0)
+            if ((grace is not None and not 0 < grace < math.inf)
+                    or (replicas is not None and replicas < 1) or virtual < 0):
+                return None  # Not what a worker declares: a launcher must not wait on it.
+            return cls(str(data.get("folder", "")), grace, replicas, virtual)
         return None
 
 
@@ -377,7 +383,7 @@ class StopRecord:
             return cls(status=int(data["status"]), reason=str(data.get("reason", "")),
                        unresponsive=tuple(int(i) for i in data.get("unresponsive", ())),
                        work_lost=bool(data.get("work_lost", False)))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, ArithmeticError):
             return None
 
 
@@ -397,6 +403,6 @@ def _read_object(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays nested too deep.
         return None
     return data if isinstance(data, dict) else None

@@ -454,6 +454,15 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(fresh.restore(), 1)
         self.assertEqual(worker_contract.read_position(directory).pair, (1, 3))
 
+    def test_starting_over_leaves_no_record_a_reused_checkpoint_name_could_match(self):
+        # A run that does not resume saves from step 0 again, so its checkpoint numbers repeat
+        # the old run's: a kill between its first commit and its record must not leave the old
+        # run's record naming the new save.
+        directory, checkpoint = self.saved_once()
+        fresh = checkpointing.EpochCheckpoint(directory, checkpoint._model, checkpoint._strategy)
+        self.assertEqual(fresh.start_over(), 0)
+        self.assertIsNone(worker_contract.read_position(directory))
+
     def test_a_save_removes_what_a_save_killed_inside_tensorflows_write_left(self):
         # A kill inside TensorFlow's write leaves ckpt-N_temp/ with a partial data file as
         # large as the state; it was removed only after a save that failed, so every kill

@@ -162,6 +162,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._last_number = 0
         # The positions of the checkpoints this callback restored or saved, by name.
         self._known: dict[str, tuple[int, int]] = {}
+        self._last_path: str | None = None  # In directory: the last state restored or saved.
         self._manager = self._make_manager()
         #: Where the restored epoch resumes (0: at its start), and its metrics until then.
         self.resume_step = 0
@@ -274,8 +275,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
             with open(os.path.join(self.directory, self.HISTORY_FILE), encoding="utf-8") as f:
                 self.history = {name: values[:epochs] for name, values in json.load(f).items()}
         self._known[os.path.basename(latest)] = self.position
+        self._last_path = latest
         self._declare(worker_contract.Position(*self.position, os.path.basename(latest)))
         return epochs
+
+    def start_over(self) -> int:
+        """Trains from scratch in ``directory`` without restoring what it holds (overwritten
+        by the next saves): from now on its position record says no save is resumed from.
+
+        Returns:
+            0, the epoch to start at.
+        """
+        self._declare(worker_contract.Position(0, 0))
+        return 0
 
     def _declare(self, restored: worker_contract.Position) -> None:
         """The chief declares its folder to a launcher, whose position record says what it
@@ -462,6 +474,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             path = self._manager.save(checkpoint_number=number)
         self._last_number = number
         self._known[f"ckpt-{number}"] = (epochs, steps)
+        self._last_path = os.path.join(self.directory, os.path.basename(path))
         # Committed: its position record (which the launcher reads, and the notice's line,
         # should its grace budget run out during the clean-up below), held off from a spent
         # budget's end so that the line and the record name the same state.
@@ -526,7 +539,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
             path = self._save(epochs, steps)
         except (OSError, tf.errors.OpError) as e:
             self._remove_partial_saves()
-            last = self._manager.latest_checkpoint
+            # A worker's own manager writes to a scratch folder: the state it names is in
+            # directory, where it last restored or saved.
+            last = self._manager.latest_checkpoint if self._chief else self._last_path
             tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
                      else None)
             message = e.message if isinstance(e, tf.errors.OpError) else ""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -381,10 +382,20 @@ _MOVED = {"watch_signals": "watch", "unwatch_signals": "unwatch", "watching": "w
 
 
 def _saved(description: str, position: tuple[int, int] | None = None) -> None:
-    """0.3's ``saved``: the notice now reads the saver's committed position."""
-    del description
-    if position is not None:
-        worker_contract.commit_position("", worker_contract.Position(*position), write=False)
+    """0.3's ``saved``: the notice now reads the saver's committed position, here the one
+    given, else the one the description names (``"epoch 3 step 17 in DIR"``, ``"the end of
+    epoch 2 in DIR"``)."""
+    words, _, folder = description.partition(" in ")
+    if position is None:
+        end = re.fullmatch(r"(?:the end of )?epoch (\d+)", words.strip())
+        inside = re.fullmatch(r"epoch (\d+) step (\d+)", words.strip())
+        if inside:
+            position = (int(inside[1]) - 1, int(inside[2]))
+        elif end:
+            position = (int(end[1]), 0)
+        else:
+            return
+    worker_contract.commit_position(folder, worker_contract.Position(*position), write=False)
 
 
 def __getattr__(name: str) -> Any:

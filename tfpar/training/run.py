@@ -213,7 +213,7 @@ class _RunCallbacks:
         initial_epoch, checkpoint = 0, None
         if config.model_dir:
             checkpoint = _epoch_checkpoint(config, model, strategy, device_set)
-            initial_epoch = checkpoint.restore() if config.resume else 0
+            initial_epoch = checkpoint.restore() if config.resume else checkpoint.start_over()
             callbacks.append(checkpoint)
         chief = cluster_spec.is_chief(strategy)
         if chief:
