@@ -35,12 +35,12 @@ class NoticeTest(tf.test.TestCase):
         # The handler only records: it returns, and keeps nothing for a launcher's
         # signal_router.take() in this process; the next safe point knows of the notice.
         handler = signal.getsignal(signal.SIGUSR2)
-        self.notice.training(True)
-        self.addCleanup(self.notice.training, False)
+        self.notice.loop_started()
+        self.addCleanup(self.notice.loop_ended)
         self.addCleanup(self.notice.reset)
         self.assertIsNone(handler(signal.SIGUSR2, None))
         self.assertFalse(signal_router.pending())
-        self.assertTrue(self.notice.arrived)
+        self.assertTrue(self.notice.arrived_at_step_boundary())
         self.assertEqual(self.notice.signal_name, "SIGUSR2")
         self.notice.reset()
         self.assertTrue(self.notice.watch([signal.SIGHUP], 7))  # Watches nest.
@@ -57,30 +57,30 @@ class NoticeTest(tf.test.TestCase):
         self.notice.watch([signal.SIGUSR2], 30)
         self.addCleanup(self.notice.unwatch)
         self.addCleanup(self.notice.reset)  # Cancels the budget.
-        self.notice.training(True)
-        self.addCleanup(self.notice.training, False)
-        self.assertFalse(self.notice.arrived)
+        self.notice.loop_started()
+        self.addCleanup(self.notice.loop_ended)
+        self.assertFalse(self.notice.has_arrived)
         self.assertEqual(self.notice.signal_name, "")
         self.assertEqual(self.notice.seconds_since(), 0)
         self.notice.arrive(signal.SIGUSR1)  # Not a notice here.
-        self.assertFalse(self.notice.arrived)
+        self.assertFalse(self.notice.has_arrived)
         os.kill(os.getpid(), signal.SIGUSR2)  # Reaches arrive() from the router's thread.
         deadline = time.monotonic() + 10
-        while not self.notice.arrived and time.monotonic() < deadline:
+        while not self.notice.has_arrived and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.assertTrue(self.notice.arrived)
+        self.assertTrue(self.notice.has_arrived)
         self.assertEqual(self.notice.signal_name, "SIGUSR2")
         self.assertLess(self.notice.seconds_left(), 30)
         self.assertGreater(self.notice.seconds_left(), 20)
         self.notice.reset()
-        self.assertFalse(self.notice.arrived)
+        self.assertFalse(self.notice.has_arrived)
 
     def test_a_stop_step_of_one_process_is_the_step_at_the_notice(self):
         self.notice.watch([signal.SIGUSR2], 30)
         self.addCleanup(self.notice.unwatch)
         self.addCleanup(self.notice.reset)
-        self.notice.training(True)
-        self.addCleanup(self.notice.training, False)
+        self.notice.loop_started()
+        self.addCleanup(self.notice.loop_ended)
         stop = self.notice.stop_step("run")
         self.assertIsNone(stop.stop_after(3))
         self.notice.arrive(signal.SIGUSR2)
@@ -97,9 +97,10 @@ class NoticeTest(tf.test.TestCase):
         self.assertFalse(self.notice.watching(signal.SIGUSR2))
 
     def test_the_modules_functions_warn_and_name_the_notices_member(self):
-        for old, new in [("watch_signals", "watch"), ("noticed", "arrived"),
-                         ("notice_name", "signal_name"), ("stopping", "stop"),
-                         ("exit_now", "exit"), ("exits_process", "exits_process")]:
+        for old, new in [("watch_signals", "watch"), ("noticed", "arrived_at_step_boundary"),
+                         ("notice_name", "signal_name"), ("stopping", "announce_stop"),
+                         ("exit_now", "exit"), ("exits_process", "exits_process"),
+                         ("training", "loop_started() and NOTICE.loop_ended()")]:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 getattr(preemption, old)
@@ -149,7 +150,7 @@ class NoticeProcessTest(tf.test.TestCase):
             from tfpar import worker_contract
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
-            preemption.NOTICE.training(True)  # A loop that never reaches its step boundary.
+            preemption.NOTICE.loop_started()  # A loop that never reaches its step boundary.
             worker_contract.commit_position("/runs/x", worker_contract.Position(1, 0),
                                             write=False)
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -173,7 +174,7 @@ class NoticeProcessTest(tf.test.TestCase):
             from tfpar import worker_contract
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 0.2)
-            preemption.NOTICE.training(True)
+            preemption.NOTICE.loop_started()
             worker_contract.commit_position("/runs/x", worker_contract.Position(1, 0),
                                             write=False)
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -216,7 +217,7 @@ class NoticeProcessTest(tf.test.TestCase):
 
             checkpointing.worker_contract.commit_position = slow_record
             preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
-            preemption.NOTICE.training(True)
+            preemption.NOTICE.loop_started()
             os.kill(os.getpid(), signal.SIGUSR1)
             preemption.NOTICE.stop_at((1, 3))  # The step the job agreed on.
             checkpoint.save_inside_epoch(1, 3)

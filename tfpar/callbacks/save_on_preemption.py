@@ -70,7 +70,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
                 if resolver is not None and resolver.task_type else 0)
         self._stop = preemption.NOTICE.stop_step(str(next(_runs)), task, max(1, len(tasks)))
         self._steps, self._at_epoch_end, self._saved_before = 0, False, None
-        preemption.NOTICE.training(True)  # First: a notice from the watch on stops at a step.
+        preemption.NOTICE.loop_started()  # First: a notice from the watch on stops at a step.
         self._watching = preemption.NOTICE.watch(self.signals, self.grace_seconds)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -116,7 +116,7 @@ class SaveOnPreemption(keras.callbacks.Callback):
         if self._stop is not None:
             self._stop.finish()
             self._stop = None
-            preemption.NOTICE.training(False)
+            preemption.NOTICE.loop_ended()
         if self._watching:
             preemption.NOTICE.unwatch()
             self._watching = False
@@ -138,9 +138,9 @@ class SaveOnPreemption(keras.callbacks.Callback):
         else:
             said = f"state saved at {self.checkpoint.describe(epoch, steps)}"
         after = (f", {preemption.NOTICE.seconds_since():.1f} s after the notice"
-                 if preemption.NOTICE.arrived else "")
+                 if preemption.NOTICE.has_arrived else "")
         self._end()  # After the save: a second notice during it only records itself.
-        stop = preemption.NOTICE.stop(
+        stop = preemption.NOTICE.announce_stop(
             f"Preempted ({name}): {said}{after}; run the same command to resume.")
         exit_process = (preemption.NOTICE.exits_process if self.exit_process is None
                         else self.exit_process)

@@ -107,18 +107,19 @@ def check_grace_seconds(seconds: float) -> None:
 
 
 class Notice:
-    """A process's preemption notice, from its signal to the process's exit: the one place it
-    is handled.
+    """A process's preemption notice, from its signal to the process's exit: the one place it is
+    handled.
 
     Its life: :meth:`watch` makes signals notices (its handler, set through the signal router,
     only records them); a notice's arrival reaches :meth:`arrive` from the router's thread at once,
     even while the main thread is inside TensorFlow, and starts the grace budget. Outside a
     training loop the process then ends at once (its line, its stop record, the preempted
-    status): nothing is in flight to save. Inside one (:meth:`training`), the loop's
+    status): nothing is in flight to save. Inside one (:meth:`loop_started`), the loop's
     :class:`StopStep` agrees with the other workers on the step to stop after
-    (:meth:`stop_step`), the state is saved there (its position record committed), and the loop
-    ends the process (:meth:`stop`, then :meth:`exit` or raising :class:`Preempted`). If the
-    budget runs out first, the process ends saying which saved state is intact.
+    (:meth:`stop_step`), the state is saved there (its position record committed), and the
+    loop ends the process (:meth:`announce_stop`, then :meth:`exit` or raising
+    :class:`Preempted`). If the budget runs out first, the process ends saying which saved
+    state is intact.
 
     There is one per process, :data:`NOTICE`, as there is one handler per signal.
     """
@@ -211,11 +212,22 @@ class Notice:
         """Whether ``signum`` is a notice this process watches now."""
         return signum in self._signals
 
-    def training(self, active: bool) -> None:
-        """Marks the start (``True``) or end (``False``) of a training loop that stops at a
-        step boundary after a notice: inside one, a notice only records itself (the loop's
-        :class:`StopStep` acts on it)."""
-        self._training += 1 if active else -1
+    def loop_started(self) -> None:
+        """Marks the start of a training loop that stops at a step boundary after a notice:
+        until :meth:`loop_ended`, a notice only records itself (the loop's :class:`StopStep`
+        acts on it) instead of ending the process."""
+        self._training += 1
+
+    def loop_ended(self) -> None:
+        """Marks the end of a training loop :meth:`loop_started` marked."""
+        self._training -= 1
+
+    def _mark_training(self, active: bool) -> None:
+        """0.3's ``training(active)``: :meth:`loop_started` or :meth:`loop_ended`."""
+        if active:
+            self.loop_started()
+        else:
+            self.loop_ended()
 
     def _record(self, signum: int, frame: Any) -> None:
         """The notice signals' handler (main thread): records, nothing else (no lock, no
@@ -243,14 +255,19 @@ class Notice:
             saved = (f"{last.where} is where a rerun resumes" if last else
                      "no training step had run since the start, so nothing new was to be "
                      "saved")
-            self.stop(f"Preempted ({self._name}) outside training: {saved}.")
+            self.announce_stop(f"Preempted ({self._name}) outside training: {saved}.")
             self.exit()
 
     @property
-    def arrived(self) -> bool:
-        """Whether a notice has arrived in this process. Asked at a step boundary (a safe
-        point), a notice the handler recorded is taken in here if the router's thread has not
-        yet, so a training loop stops at the step after the one the signal interrupted."""
+    def has_arrived(self) -> bool:
+        """Whether a notice has arrived in this process (a read; nothing else)."""
+        return self._arrived.is_set()
+
+    def arrived_at_step_boundary(self) -> bool:
+        """Whether a notice has arrived, asked by a training loop at a step boundary (a safe
+        point): a notice the handler recorded is taken in here if the router's thread has not
+        yet, so the loop stops at the step after the one the signal interrupted. (Outside a
+        training loop, taking a notice in ends the process, as :meth:`arrive` does.)"""
         if not self._arrived.is_set() and self._recorded:
             self.arrive(self._recorded[0])
         return self._arrived.is_set()
@@ -262,11 +279,11 @@ class Notice:
 
     def seconds_since(self) -> float:
         """Seconds since the first notice (0 before any)."""
-        return time.monotonic() - self._arrived_at if self.arrived else 0.0
+        return time.monotonic() - self._arrived_at if self.has_arrived else 0.0
 
     def seconds_left(self) -> float:
         """Seconds left of the grace budget (the whole budget before a notice)."""
-        if not self.arrived:
+        if not self.has_arrived:
             return self._grace_seconds
         return max(0.0, self._arrived_at + self._grace_seconds - time.monotonic())
 
@@ -299,7 +316,7 @@ class Notice:
         last = self._last_committed()
         return last is not None and last.pair == self._stop_position
 
-    def stop(self, message: str) -> Preempted:
+    def announce_stop(self, message: str) -> Preempted:
         """Prints ``message`` (the process's one line), records the stop for a launcher
         (:func:`tfpar.cluster.worker_contract.record_stop`) and returns the exception to raise."""
         self._stopping.set()
@@ -375,10 +392,10 @@ NOTICE = Notice()
 
 # The module's functions before the notice was one object: name -> the Notice member now.
 _MOVED = {"watch_signals": "watch", "unwatch_signals": "unwatch", "watching": "watching",
-          "reset": "reset", "noticed": "arrived", "notice_name": "signal_name",
-          "seconds_since_notice": "seconds_since", "stopping": "stop",
+          "reset": "reset", "noticed": "arrived_at_step_boundary", "notice_name": "signal_name",
+          "seconds_since_notice": "seconds_since", "stopping": "announce_stop",
           "exit_now": "exit", "exits_process": "exits_process",
-          "training": "training"}
+          "training": "_mark_training"}
 
 
 def _saved(description: str, position: tuple[int, int] | None = None) -> None:
@@ -405,8 +422,10 @@ def __getattr__(name: str) -> Any:
                       DeprecationWarning, stacklevel=2)
         return _saved
     if name in _MOVED:
+        use = ("loop_started() and NOTICE.loop_ended()" if name == "training"
+               else _MOVED[name])
         warnings.warn(f"tfpar.cluster.preemption.{name} is deprecated and will be removed in "
-                      f"0.5.0: use tfpar.cluster.preemption.NOTICE.{_MOVED[name]}.",
+                      f"0.5.0: use tfpar.cluster.preemption.NOTICE.{use}.",
                       DeprecationWarning, stacklevel=2)
         member = getattr(NOTICE, _MOVED[name])
         return member if callable(member) else (lambda: getattr(NOTICE, _MOVED[name]))
@@ -462,7 +481,7 @@ class StopStep:
             return self._stop_after
         if self._announced.is_set():
             self._stop_after = self._read(self._value)
-        elif self._notice.arrived:
+        elif self._notice.arrived_at_step_boundary():
             if not self._coordinated:
                 self._stop_after = steps_done
             elif coordination_values.insert(self._key, str(steps_done + 1)):
