@@ -172,6 +172,9 @@ def _listed(slots: list[int]) -> str:
 def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision:
     """The launcher's next step after a round (pure: ``state`` is not changed).
 
+    The rules below are tried in order, each for one kind of round; the first that applies
+    decides.
+
     Args:
         result: How the round ended.
         progress: The position saved before and after it.
@@ -180,88 +183,160 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
     Returns:
         The decision, with its line and the bookkeeping after it.
     """
-    slots = copy.deepcopy(state.slots)
-    failures, max_restarts = state.failures, state.max_restarts
-    folder = progress.folder or state.model_dir
-
-    def exit_with(status: int, line: str | None = None) -> Decision:
-        return Decision(Action.EXIT, status, line, dataclasses.replace(
-            state, slots=slots, failures=failures, port_attempts=0))
-
-    # A port taken by another program: new ports, not a failure (the last time, one).
-    if (result.outcome is Outcome.FAILED and result.status == ExitStatus.PORT_TAKEN
-            and state.port_attempts + 1 < PORT_ATTEMPTS):
-        attempts = state.port_attempts + 1
-        return Decision(Action.START, 0, (
-            "launcher: a worker's port was taken by another program; starting again with new "
-            f"ports (attempt {attempts + 1} of {PORT_ATTEMPTS})."),
-            dataclasses.replace(state, port_attempts=attempts))
-
-    if result.outcome is Outcome.INTERRUPTED:
-        return exit_with(ExitStatus.INTERRUPTED)
-    if result.outcome is Outcome.NOTICE:
-        status = (notice_status(list(result.statuses),
-                                started=progress.recorded or not state.program)
-                  if result.statuses else result.status)
-        return exit_with(status, _notice_line(result, status, progress, folder, slots))
+    after = _Round(result, progress, state, copy.deepcopy(state.slots), state.failures)
+    for rule in (_port_taken, _interrupted, _launcher_notice):
+        decision = rule(after)
+        if decision is not None:
+            return decision
     if progress.made:
-        slots.settled()
-    if result.outcome is Outcome.GROWING:
-        failures = 0  # A fresh budget of restarts at the new size.
-        size = _workers(len(slots.running) + len(slots.lost))
-        back = slots.rejoin()
-        which = (f"growing back to {size} (slot {_listed(back)} "
-                 f"{'rejoins' if len(back) == 1 else 'rejoin'})")
-    elif (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
-          or not (max_restarts or slots.elastic)):
-        line = None
-        if result.outcome is Outcome.PREEMPTED:
-            line = (_lost_notice_line(result, progress, folder, slots) if result.work_lost
-                    else _saved_notice_line(result, progress, folder, slots))
-        return exit_with(result.status, line)
-    elif result.outcome is Outcome.PREEMPTED and (progress.before is None or progress.made):
-        preempted = ("the job was preempted after saving" if not result.work_lost else
-                     f"the job was preempted, but {_losers(result, slots)} could not save the "
-                     "notice's state within the grace budget (the training since the last save "
-                     "is lost)")
-        which = (f"{preempted}; starting every worker again (not counted as a failure)"
-                 + _rejoining(slots))
-    else:
-        epochs_done = progress.after[0] if progress.after is not None else 0
-        slot = slots.slot_of(result.blamed)
-        aside = len(slots.set_aside)
-        if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
-            slots.lose(slot, epochs_done)
-            which = (f"slot {slot} failed again on rejoining, so it is lost"
-                     + _set_aside(slots, aside)
-                     + _next_try(slots, folder) + "; going on with "
-                     f"{_workers(len(slots.running))} of {slots.maximum}")
-        else:
-            failures += 1
-            if failures > max_restarts and not slots.can_lose(slot):
-                return exit_with(result.status, _end_line(slots, slot, max_restarts,
-                                                          result.status))
-            if failures > max_restarts:
-                count = len(slots.running)
-                slots.lose(slot, epochs_done)
-                failures = 0
-                which = (f"the restarts at {_workers(count)} are used up ({max_restarts} of "
-                         f"{max_restarts}): slot {slot} is lost" + _set_aside(slots, aside)
-                         + _next_try(slots, folder) + "; going on with "
-                         f"{_workers(len(slots.running))} of {slots.maximum} (at least "
-                         f"{slots.minimum}) at the same global batch")
-            else:
-                which = (f"restart {failures} of {max_restarts}: starting every worker again"
-                         + _rejoining(slots))
+        after.slots.settled()
+    for rule in (_growing, _finished, _preempted):
+        decision = rule(after)
+        if decision is not None:
+            return decision
+    return _failed(after)
+
+
+@dataclasses.dataclass
+class _Round:
+    """A round being decided: what happened, and the bookkeeping the decision changes (the
+    slots and the failures counted, copies of the state's)."""
+
+    result: RoundResult
+    progress: Progress
+    state: JobState
+    slots: elastic.WorkerSlots
+    failures: int
+
+    @property
+    def folder(self) -> str | None:
+        """Where the job's state is (``None``: the command resumes by itself)."""
+        return self.progress.folder or self.state.model_dir
+
+    def exit(self, status: int, line: str | None = None) -> Decision:
+        """Exit with ``status``, saying ``line``."""
+        return Decision(Action.EXIT, status, line, dataclasses.replace(
+            self.state, slots=self.slots, failures=self.failures, port_attempts=0))
+
+    def start(self, which: str) -> Decision:
+        """Start another round; ``which`` says what starts, the line adds where it resumes."""
+        return Decision(Action.START, 0, _start_line(which, self.progress, self.folder),
+                        dataclasses.replace(self.state, slots=self.slots,
+                                            failures=self.failures, port_attempts=0))
+
+
+def _port_taken(after: _Round) -> Decision | None:
+    """A port taken by another program: new ports, not a failure (the last time, one)."""
+    result, state = after.result, after.state
+    if not (result.outcome is Outcome.FAILED and result.status == ExitStatus.PORT_TAKEN
+            and state.port_attempts + 1 < PORT_ATTEMPTS):
+        return None
+    attempts = state.port_attempts + 1
+    return Decision(Action.START, 0, (
+        "launcher: a worker's port was taken by another program; starting again with new "
+        f"ports (attempt {attempts + 1} of {PORT_ATTEMPTS})."),
+        dataclasses.replace(state, port_attempts=attempts))
+
+
+def _interrupted(after: _Round) -> Decision | None:
+    """Ctrl-C to the launcher: exit."""
+    if after.result.outcome is not Outcome.INTERRUPTED:
+        return None
+    return after.exit(ExitStatus.INTERRUPTED)
+
+
+def _launcher_notice(after: _Round) -> Decision | None:
+    """A notice to the launcher: exit with the status the workers' statuses make."""
+    result, progress = after.result, after.progress
+    if result.outcome is not Outcome.NOTICE:
+        return None
+    status = (notice_status(list(result.statuses),
+                            started=progress.recorded or not after.state.program)
+              if result.statuses else result.status)
+    return after.exit(status, _notice_line(result, status, progress, after.folder, after.slots))
+
+
+def _growing(after: _Round) -> Decision | None:
+    """Lost slots rejoin at an epoch boundary: start every slot, a fresh budget of restarts."""
+    if after.result.outcome is not Outcome.GROWING:
+        return None
+    after.failures = 0  # A fresh budget of restarts at the new size.
+    size = _workers(len(after.slots.running) + len(after.slots.lost))
+    back = after.slots.rejoin()
+    return after.start(f"growing back to {size} (slot {_listed(back)} "
+                       f"{'rejoins' if len(back) == 1 else 'rejoin'})")
+
+
+def _finished(after: _Round) -> Decision | None:
+    """Success, bad input, or a round the job does not restart (no restarts, not elastic):
+    exit with its status, a preemption with its line."""
+    result = after.result
+    if not (result.outcome is Outcome.SUCCEEDED or result.status in NO_RESTART
+            or not (after.state.max_restarts or after.slots.elastic)):
+        return None
+    line = None
+    if result.outcome is Outcome.PREEMPTED:
+        line = (_lost_notice_line(result, after.progress, after.folder, after.slots)
+                if result.work_lost
+                else _saved_notice_line(result, after.progress, after.folder, after.slots))
+    return after.exit(result.status, line)
+
+
+def _preempted(after: _Round) -> Decision | None:
+    """A preemption that saved progress (or whose progress is not known): start every worker
+    again, not counted as a failure."""
+    result, progress = after.result, after.progress
+    if not (result.outcome is Outcome.PREEMPTED
+            and (progress.before is None or progress.made)):
+        return None
+    preempted = ("the job was preempted after saving" if not result.work_lost else
+                 f"the job was preempted, but {_losers(result, after.slots)} could not save "
+                 "the notice's state within the grace budget (the training since the last save "
+                 "is lost)")
+    return after.start(f"{preempted}; starting every worker again (not counted as a failure)"
+                       + _rejoining(after.slots))
+
+
+def _failed(after: _Round) -> Decision:
+    """A failure (or a preemption that saved nothing new): a rejoining slot that fails is lost
+    again without a restart used; else a restart is counted, and once they are used up the
+    blamed slot is lost where the job can go on without it, else the job exits."""
+    result, progress, slots = after.result, after.progress, after.slots
+    max_restarts = after.state.max_restarts
+    epochs_done = progress.after[0] if progress.after is not None else 0
+    slot = slots.slot_of(result.blamed)
+    aside = len(slots.set_aside)
+    if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
+        slots.lose(slot, epochs_done)
+        return after.start(f"slot {slot} failed again on rejoining, so it is lost"
+                           + _set_aside(slots, aside) + _next_try(slots, after.folder)
+                           + f"; going on with {_workers(len(slots.running))} of "
+                           f"{slots.maximum}")
+    after.failures += 1
+    if after.failures <= max_restarts:
+        return after.start(f"restart {after.failures} of {max_restarts}: starting every worker "
+                           "again" + _rejoining(slots))
+    if not slots.can_lose(slot):
+        return after.exit(result.status, _end_line(slots, slot, max_restarts, result.status))
+    count = len(slots.running)
+    slots.lose(slot, epochs_done)
+    after.failures = 0
+    return after.start(f"the restarts at {_workers(count)} are used up ({max_restarts} of "
+                       f"{max_restarts}): slot {slot} is lost" + _set_aside(slots, aside)
+                       + _next_try(slots, after.folder) + "; going on with "
+                       f"{_workers(len(slots.running))} of {slots.maximum} (at least "
+                       f"{slots.minimum}) at the same global batch")
+
+
+def _start_line(which: str, progress: Progress, folder: str | None) -> str:
+    """The line of a new round: what starts (``which``), and where it resumes."""
     if progress.after is None:
-        line = (f"launcher: {which}; the command resumes by itself." if folder is None else
+        return (f"launcher: {which}; the command resumes by itself." if folder is None else
                 f"launcher: {which}, resuming from what {folder} holds.")
-    elif progress.after != (0, 0):
-        line = f"launcher: {which}, resuming from {position_words(progress.after)} in {folder}."
-    else:
-        line = f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
-    return Decision(Action.START, 0, line, dataclasses.replace(
-        state, slots=slots, failures=failures, port_attempts=0))
+    if progress.after != (0, 0):
+        return (f"launcher: {which}, resuming from {position_words(progress.after)} in "
+                f"{folder}.")
+    return f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
 
 
 def _who(rank: int, slots: elastic.WorkerSlots) -> str:
