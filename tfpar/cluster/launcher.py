@@ -40,6 +40,7 @@ taken by another program before a worker binds it makes the launcher start over 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import shutil
@@ -58,6 +59,7 @@ from tfpar.cluster import preemption
 from tfpar.cluster import signal_router
 from tfpar.cluster import worker_environment
 from tfpar.cluster.restart_policy import Action
+from tfpar.cluster.restart_policy import Decision
 from tfpar.cluster.restart_policy import JobState
 from tfpar.cluster.restart_policy import Outcome
 from tfpar.cluster.restart_policy import Progress
@@ -235,70 +237,91 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     subscribed = signal_router.subscribe((signal.SIGINT, *NOTICES))
     # A launcher program's notices (watched from its first import of tfpar: one before here
     # ends it with the preempted status) are passed on to the workers from here.
-    handed_over = contextlib.ExitStack()
-    handed_over.enter_context(preemption.NOTICE.handed_over())
-    records = ""
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(preemption.NOTICE.handed_over())
+        if subscribed:  # Before the hand-over ends, as the handlers were set before it began.
+            stack.callback(signal_router.unsubscribe)
         model_dir = model_dir_of(command)
         _check_launch(command, num_workers, min_workers, host, network, max_restarts,
                       model_dir if model_dir is not None or not resumes_itself else "")
-        minimum = num_workers if min_workers is None else min_workers
-        if gpus_per_worker == 0 and gpus is None:
-            # CPU workers: the host's GPUs are hidden from them, not listed (nvidia-smi can
-            # take 30 s, which a notice would wait for; CUDA_VISIBLE_DEVICES is not theirs).
-            listing_note = None
-            given, idle = {slot: "" for slot in range(num_workers)}, None
-        else:
-            host_gpus, listing_note = ((list(gpus), None) if gpus is not None
-                                       else gpus_lib.gpu_listing(os.environ))
-            given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
-        # The sizes a world-size-invariant job runs with are known once its chief declares
-        # its replicas and shards (its worker spec).
-        slots = elastic.WorkerSlots(minimum, num_workers)
         out = out or sys.stdout
-        if worker_environment.legacy_keras_asked():
-            out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's "
-                      "TensorflowTrainer sets it) is not passed to the workers: tf.keras is "
-                      "Keras 3 in them, as tfpar's strategies need.\n")
-        if listing_note:
-            out.write(f"launcher: {listing_note}\n")
-        if idle:
-            out.write(f"{idle}\n")
-        # Where each round's chief declares itself (its state's folder).
+        given = _gpu_shares(num_workers, gpus, gpus_per_worker, out)
+        # Where each round's chief declares itself (folder, grace budget, replicas).
         records = tempfile.mkdtemp(prefix="tfpar-spec-")
-        spec = os.path.join(records, "worker_spec.json")
-        state = JobState(slots, max_restarts, 0, model_dir,
-                         program=signal_router.command_runs_program(command))
-        known = Progress()  # The last progress a chief's folder showed.
+        stack.callback(shutil.rmtree, records, True)
+        job = _Job(command, host, out, all_output, network, given,
+                   os.path.join(records, "worker_spec.json"))
+        state = JobState(elastic.WorkerSlots(
+            num_workers if min_workers is None else min_workers, num_workers), max_restarts, 0,
+            model_dir, program=signal_router.command_runs_program(command))
         while True:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(spec)
-            group = WorkerGroup(command, state.slots.running, host, out, all_output, network,
-                                preemption.DEFAULT_GRACE_SECONDS + PREEMPTION_MARGIN_SECONDS,
-                                given, _growth_due(state.slots, spec, known), spec,
-                                grace_margin=PREEMPTION_MARGIN_SECONDS)
-            try:
-                check_signals()  # A signal before or between rounds: no worker is running.
-                result = group.run()
-            except SignalTaken as stop:
-                result = _between_rounds(stop.signum, group)
-            declared = worker_contract.WorkerSpec.read(spec)
-            known = progress_of(declared, known)
-            if declared is not None and state.slots.sizes is None:
-                state.slots.sizes = declared.worker_counts(minimum, num_workers)
-            decision = decide(result, known, state)
+            decision = job.round(state)
             if decision.line:
                 out.write(f"{decision.line}\n")
                 out.flush()
             if decision.action is Action.EXIT:
                 return decision.status
             state = decision.state
-    finally:
-        if records:
-            shutil.rmtree(records, ignore_errors=True)
-        if subscribed:
-            signal_router.unsubscribe()
-        handed_over.close()
+    raise AssertionError("unreachable")  # For type checkers: the loop returns.
+
+
+def _gpu_shares(num_workers: int, gpus: Sequence[str] | None, gpus_per_worker: int | None,
+                out: TextIO) -> dict[int, str]:
+    """Each slot's ``CUDA_VISIBLE_DEVICES`` (see :func:`launch`), with the lines that say how
+    the host's GPUs were found and which are left idle."""
+    if worker_environment.legacy_keras_asked():
+        out.write(f"launcher: {worker_environment.LEGACY_KERAS_ENV} (Ray's TensorflowTrainer "
+                  "sets it) is not passed to the workers: tf.keras is Keras 3 in them, as "
+                  "tfpar's strategies need.\n")
+    if gpus_per_worker == 0 and gpus is None:
+        # CPU workers: the host's GPUs are hidden from them, not listed (nvidia-smi can take
+        # 30 s, which a notice would wait for; CUDA_VISIBLE_DEVICES is not theirs).
+        return {slot: "" for slot in range(num_workers)}
+    host_gpus, listing_note = ((list(gpus), None) if gpus is not None
+                               else gpus_lib.gpu_listing(os.environ))
+    given, idle = gpus_lib.shares(host_gpus, num_workers, gpus_per_worker)
+    if listing_note:
+        out.write(f"launcher: {listing_note}\n")
+    if idle:
+        out.write(f"{idle}\n")
+    return given
+
+
+@dataclasses.dataclass
+class _Job:
+    """A launched job's rounds: each starts the slots running, and what its chief declared and
+    saved (:mod:`tfpar.worker_contract`) decides the next."""
+
+    command: Sequence[str]
+    host: str
+    out: TextIO
+    all_output: bool
+    network: str
+    gpus: dict[int, str]
+    spec: str
+    known: Progress = dataclasses.field(default_factory=Progress)
+    """The last progress a chief's folder showed."""
+
+    def round(self, state: JobState) -> Decision:
+        """Runs one round of ``state``'s slots; the decision after it."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.spec)
+        group = WorkerGroup(self.command, state.slots.running, self.host, self.out,
+                            self.all_output, self.network,
+                            preemption.DEFAULT_GRACE_SECONDS + PREEMPTION_MARGIN_SECONDS,
+                            self.gpus, _growth_due(state.slots, self.spec, self.known),
+                            self.spec, grace_margin=PREEMPTION_MARGIN_SECONDS)
+        try:
+            check_signals()  # A signal before or between rounds: no worker is running.
+            result = group.run()
+        except SignalTaken as stop:
+            result = _between_rounds(stop.signum, group)
+        declared = worker_contract.WorkerSpec.read(self.spec)
+        self.known = progress_of(declared, self.known)
+        if declared is not None and state.slots.sizes is None:
+            state.slots.sizes = declared.worker_counts(state.slots.minimum,
+                                                       state.slots.maximum)
+        return decide(result, self.known, state)
 
 
 def _between_rounds(signum: int, group: WorkerGroup) -> RoundResult:
