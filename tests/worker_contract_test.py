@@ -17,6 +17,7 @@ from absl.testing import absltest
 from tfpar import worker_contract
 from tfpar.cluster import preemption
 from tfpar.cluster import protocol
+from tfpar.errors import ConfigError
 from tfpar.errors import ExitStatus
 from tfpar.worker_contract import Position
 
@@ -113,11 +114,16 @@ class WorkerContractTest(absltest.TestCase):
             spec = worker_contract.declare(folder="state")
         self.assertEqual(spec.folder, os.path.abspath("state"))
         self.assertEqual(worker_contract.WorkerSpec.read(path), spec)
-        for broken in ("", "{", "[1]", '"folder"', '{"grace_seconds": 1e999}',
-                       '{"grace_seconds": -1}', '{"replicas_per_worker": 0}', "[" * 100000):
+        for broken in ("", "{", "[1]", '"folder"', "[" * 100000):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(broken)
             self.assertIsNone(worker_contract.WorkerSpec.read(path), broken[:30])
+        for field in ('"grace_seconds": 1e999', '"grace_seconds": -1',
+                      '"replicas_per_worker": 0', '"virtual_replicas": "4"'):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(f'{{"folder": "/s", {field}}}')
+            self.assertEqual(worker_contract.WorkerSpec.read(path),
+                             worker_contract.WorkerSpec("/s"), field)  # That field dropped.
         with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: "/no/such/d/s.json"}):
             worker_contract.declare(folder="state")  # Help for the launcher, not a need.
 
@@ -132,6 +138,30 @@ class WorkerContractTest(absltest.TestCase):
         self.assertEqual(worker_contract.WorkerSpec.read(path), spec)
         self.assertEqual(spec.worker_counts(1, 4), (1, 2, 4))
 
+    def test_a_declaration_out_of_range_is_one_error_and_a_read_keeps_the_fields_it_can(self):
+        with mock.patch.dict(worker_contract._declared, clear=True):
+            for field, value in (("grace_seconds", 0), ("grace_seconds", -1),
+                                 ("grace_seconds", 1e9), ("grace_seconds", float("nan")),
+                                 ("replicas_per_worker", 0), ("replicas_per_worker", 1.5),
+                                 ("virtual_replicas", -4), ("virtual_replicas", True)):
+                with self.assertRaisesRegex(ConfigError, f"^A worker spec's {field} must be "):
+                    worker_contract.declare(**{field: value})
+            self.assertEqual(worker_contract._declared, {})
+        path = os.path.join(temporary_folder(self), "spec.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"folder": 7, "grace_seconds": 1e9, "replicas_per_worker": 1,
+                       "virtual_replicas": 4}, f)
+        self.assertEqual(worker_contract.WorkerSpec.read(path),
+                         worker_contract.WorkerSpec("", None, 1, 4))
+
+    def test_a_reader_never_waits_on_a_file_that_is_not_a_regular_one(self):
+        folder = temporary_folder(self)
+        for name in ("spec.json", worker_contract.POSITION_FILE, worker_contract.CHECKPOINT_INDEX):
+            os.mkfifo(os.path.join(folder, name))  # Opened for reading, it waits for a writer.
+        self.assertIsNone(worker_contract.WorkerSpec.read(os.path.join(folder, "spec.json")))
+        self.assertIsNone(worker_contract.read_position(folder))
+        self.assertIsNone(worker_contract.committed_save(folder))
+
     def test_tfpars_strategies_and_notices_declare_their_part(self):
         path = os.path.join(temporary_folder(self), "spec.json")
         code = textwrap.dedent("""
@@ -143,7 +173,11 @@ class WorkerContractTest(absltest.TestCase):
             from tfpar import strategies
             from tfpar.cluster import preemption
             preemption.NOTICE.watch([signal.SIGUSR1], 45)
-            strategies.get("allreduce", 2, virtual_replicas=4)
+            preemption.NOTICE.watch([signal.SIGUSR2], 5)
+            preemption.NOTICE.unwatch()  # The outer budget, declared again.
+            strategies.get("allreduce", 2, virtual_replicas=4)  # One process: not declared.
+            strategies.choose("multi_worker_allreduce", virtual_replicas=4).build(2)
+            strategies.get("mirrored", 1)  # A process's other strategy: not the job's shape.
             """)
         env = {**os.environ, worker_contract.WORKER_SPEC_ENV: path}
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -31,12 +31,14 @@ import json
 import math
 import os
 import re
+import stat
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from tfpar import atomic_io
 from tfpar.errors import SIGNALLED
+from tfpar.errors import ConfigError
 from tfpar.errors import ExitStatus
 
 __all__ = ["ExitStatus", "Position", "SIGNALLED", "StopRecord", "WorkerSpec",
@@ -93,7 +95,7 @@ BACKUP_GENERATION_KEY = "tfpar_generation"
 def _latest_checkpoint(folder: str) -> str | None:
     """The latest checkpoint TensorFlow's index in ``folder`` names (``None``: no index)."""
     try:
-        with open(os.path.join(folder, CHECKPOINT_INDEX), encoding="utf-8") as f:
+        with _open_regular(os.path.join(folder, CHECKPOINT_INDEX)) as f:
             return latest_in_index(f.read())
     except (OSError, ValueError):
         return None
@@ -238,7 +240,7 @@ def read_position(folder: str) -> Position | None:
     name the same save (a kill between a save's commit and its record; an index lost). A
     folder saved by tfpar 0.3 is read from its ``positions.json``. Never raises."""
     try:
-        with open(os.path.join(folder, POSITION_FILE), encoding="utf-8") as f:
+        with _open_regular(os.path.join(folder, POSITION_FILE)) as f:
             data = json.load(f)
         if not isinstance(data, dict):
             return None
@@ -258,7 +260,7 @@ def read_position(folder: str) -> Position | None:
 def _read_legacy_positions(folder: str) -> Position | None:
     latest = _latest_checkpoint(folder)
     try:
-        with open(os.path.join(folder, LEGACY_POSITIONS_FILE), encoding="utf-8") as f:
+        with _open_regular(os.path.join(folder, LEGACY_POSITIONS_FILE)) as f:
             positions = json.load(f)
         epochs, steps = positions[latest]
         return Position(int(epochs), int(steps), str(latest), folder)
@@ -267,6 +269,9 @@ def _read_legacy_positions(folder: str) -> Position | None:
 
 
 # -- The worker spec ---------------------------------------------------------------------------
+
+MAX_GRACE_SECONDS = 86400.0
+"""The longest grace budget a worker may declare (a day)."""
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
@@ -303,16 +308,12 @@ class WorkerSpec:
         data = _read_object(path)
         if data is None:
             return None
-        with contextlib.suppress(TypeError, ValueError, ArithmeticError):
-            grace, replicas = data.get("grace_seconds"), data.get("replicas_per_worker")
-            grace = float(grace) if grace is not None else None
-            replicas = int(replicas) if replicas is not None else None
-            virtual = int(data.get("virtual_replicas") or 0)
-            if ((grace is not None and not 0 < grace < math.inf)
-                    or (replicas is not None and replicas < 1) or virtual < 0):
-                return None  # Not what a worker declares: a launcher must not wait on it.
-            return cls(str(data.get("folder", "")), grace, replicas, virtual)
-        return None
+        # Each field on its own: one that is not what a worker declares is not declared.
+        folder = data.get("folder")
+        grace = _number(data.get("grace_seconds"), float, 0.0, MAX_GRACE_SECONDS)
+        replicas = _number(data.get("replicas_per_worker"), int, 1)
+        virtual = _number(data.get("virtual_replicas"), int, 0)
+        return cls(folder if isinstance(folder, str) else "", grace, replicas, virtual or 0)
 
 
 _declared: dict[str, Any] = {}
@@ -337,6 +338,14 @@ def declare(*, folder: str | None = None, grace_seconds: float | None = None,
     Returns:
         Everything this process declared so far.
     """
+    for name, value, kind, least, most in (
+            ("grace_seconds", grace_seconds, float, 0.0, MAX_GRACE_SECONDS),
+            ("replicas_per_worker", replicas_per_worker, int, 1, None),
+            ("virtual_replicas", virtual_replicas, int, 0, None)):
+        if value is not None and _number(value, kind, least, most) is None:
+            raise ConfigError(f"A worker spec's {name} must be a number from {least:g} "
+                              f"{f'to {most:g}' if most else 'up'}"
+                              f"{' (above 0)' if kind is float else ''}. Received: {value!r}.")
     given = {"folder": os.path.abspath(folder) if folder is not None else None,
              "grace_seconds": grace_seconds, "replicas_per_worker": replicas_per_worker,
              "virtual_replicas": virtual_replicas}
@@ -398,10 +407,37 @@ def record_stop(status: int, reason: str = "", unresponsive: Sequence[int] = (),
         StopRecord(int(status), reason, tuple(unresponsive), work_lost).write(path)
 
 
+def _number(value: Any, kind: type, least: float, most: float | None = None) -> Any:
+    """``value`` as an ``int`` or a finite ``float`` from ``least`` (above it, for a float) to
+    ``most``; ``None`` where it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or (kind is int and value != int(value)):
+        return None
+    number = kind(value)
+    if number < least or (kind is float and number == least) or (
+            most is not None and number > most):
+        return None
+    return number
+
+
+def _open_regular(path: str):  # noqa: ANN202 - a text file object.
+    """Opens ``path`` for reading where it is a regular file (a FIFO or a device would block a
+    reader for ever); raises ``OSError`` otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_object(path: str) -> dict[str, Any] | None:
     """The JSON object in the file at ``path``; ``None`` where there is none."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with _open_regular(path) as f:
             data = json.load(f)
     except (OSError, ValueError, RecursionError):  # RecursionError: arrays nested too deep.
         return None

@@ -16,6 +16,7 @@ from conftest import checkpoint_values
 from tfpar import worker_contract
 from tfpar.cluster import elastic
 from tfpar.cluster import launcher
+from tfpar.cluster.restart_policy import Action
 from tfpar.cluster.restart_policy import JobState
 from tfpar.cluster.restart_policy import Outcome
 from tfpar.cluster.restart_policy import Progress
@@ -35,10 +36,16 @@ slot = int(os.environ["TFPAR_WORKER_SLOT"])
 config = json.loads(os.environ["TF_CONFIG"])
 print("slot", slot, "rank", config["task"]["index"], "of", len(config["cluster"]["worker"]),
       flush=True)
-if os.environ.get("VIRTUAL"):  # A world-size-invariant job's chief declares its shards.
-    from tfpar import worker_contract
-    worker_contract.declare(replicas_per_worker=1, virtual_replicas=int(os.environ["VIRTUAL"]))
 fail = dict(item.split("@") for item in os.environ["FAIL"].split(","))
+if fail.get(str(slot)) == "0":  # A broken machine: fails at once.
+    sys.exit(3)
+if os.environ.get("VIRTUAL"):  # A world-size-invariant job's chief declares its shards,
+    virtual = int(os.environ["VIRTUAL"])  # after a while, and every worker refuses a world
+    time.sleep(float(os.environ.get("DECLARE_AFTER", 0)))  # size that does not divide them.
+    from tfpar import worker_contract
+    worker_contract.declare(replicas_per_worker=1, virtual_replicas=virtual)
+    if virtual % len(config["cluster"]["worker"]):
+        sys.exit(2)
 time.sleep(float(fail.get(str(slot), 6)))
 sys.exit(3 if str(slot) in fail else 0)
 """
@@ -106,6 +113,19 @@ class WorkerRangeTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(decision.state.slots.running, [0, 2])
         self.assertIn("slot 1 is lost and slot 3 set aside with it (the job runs with 4 or 2 "
                       "workers)", decision.line)
+        # Shrunk to 3 before the sizes were known, then refused by the workers (exit 2): the
+        # highest slot running is set aside, no restart used; no size left is an exit.
+        shrunk = elastic.WorkerSlots(2, 4, running=[0, 1, 2], lost=[3], sizes=(2, 4))
+        decision = decide(RoundResult(Outcome.FAILED, 2, 0), Progress((1, 0), (1, 0)),
+                          JobState(shrunk, 1, 0, "/state"))
+        self.assertEqual((decision.action, decision.state.slots.running,
+                          decision.state.slots.set_aside, decision.state.failures),
+                         (Action.START, [0, 1], [2], 0))
+        self.assertEqual(shrunk.running, [0, 1, 2])  # Pure.
+        gone = elastic.WorkerSlots(3, 4, running=[0, 1, 2], lost=[3], sizes=(2, 4))
+        decision = decide(RoundResult(Outcome.FAILED, 2, 0), Progress((1, 0), (1, 0)),
+                          JobState(gone, 1, 0, "/state"))
+        self.assertEqual((decision.action, decision.status), (Action.EXIT, 2))
 
 
 class ElasticLauncherTest(tf.test.TestCase):
@@ -156,6 +176,19 @@ class ElasticLauncherTest(tf.test.TestCase):
             "or at a restart); going on with 2 workers of 4 (at least 2) at the same global "
             f"batch, resuming from what {model_dir} holds."])
         self.assertIn("[worker 1] slot 2 rank 1 of 2", output)
+
+    def test_a_job_that_shrank_before_its_chief_declared_sets_slots_aside_when_refused(self):
+        # Slot 3 fails at once, before the chief declared its shards: the launcher goes on
+        # with 3, whose workers refuse (exit 2); the chief has declared by then, so slot 2 is
+        # set aside, no restart used, and 2 workers finish.
+        status, output, model_dir = self.launch(4, 2, FAIL="3@0", VIRTUAL="4",
+                                                DECLARE_AFTER="3")
+        self.assertEqual(status, 0, output)
+        lines = launcher_lines(output)
+        self.assertIn("going on with 3 workers of 4 (at least 2)", lines[1])
+        self.assertEqual(lines[-1], "launcher: 3 workers cannot run the job (it runs with 4 or 2 "
+                         "workers, its chief declared): slot 2 set aside; going on with 2 "
+                         f"workers of 4, resuming from what {model_dir} holds.")
 
     def test_a_job_goes_on_with_the_workers_it_has_and_succeeds(self):
         status, output, model_dir = self.launch(3, 1, FAIL="0@1")

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import sys
+from unittest import mock
 
 import tensorflow as tf
 
@@ -18,7 +19,7 @@ PROGRAM = """
 import json, os, sys, time
 rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 print("slot", os.environ["TFPAR_WORKER_SLOT"], "rank", rank,
-      "spec", os.environ.get("TFPAR_WORKER_SPEC", "-"), flush=True)
+      "spec", os.environ.get("TFPAR_WORKER_SPEC") or "-", flush=True)
 action = sys.argv[1 + rank]
 if action == "sleep":
     time.sleep(60)
@@ -63,8 +64,11 @@ class WorkerGroupTest(tf.test.TestCase):
         self.assertEqual(group._notice_grace(), 13.0)
 
     def test_only_the_chief_is_asked_for_the_worker_spec(self):
+        # Not the others, even where the launcher's own environment names one (a launcher
+        # under a launcher).
         spec = os.path.join(self.get_temp_dir(), "spec.json")
-        _, output = self.run_round("0", "0", spec=spec)
+        with mock.patch.dict(os.environ, {"TFPAR_WORKER_SPEC": "/elsewhere.json"}):
+            _, output = self.run_round("0", "0", spec=spec)
         self.assertIn(f"[worker 0] slot 0 rank 0 spec {spec}", output)
         self.assertIn("[worker 1] slot 1 rank 1 spec -", output)
 

@@ -125,6 +125,21 @@ class WorkerSlots:
             self.set_aside.append(aside)
         self.next_try_epochs = epochs_done + self._interval
 
+    def fit_sizes(self) -> list[int] | None:
+        """Sets aside the highest slots running until the job's size is one of :attr:`sizes`
+        (learned after it shrank to another); returns them, or ``None`` where no size it may
+        run with is left (nothing changes)."""
+        allowed = [n for n in (self.sizes or ()) if self.minimum <= n <= len(self.running)]
+        if not allowed:
+            return None
+        aside = []
+        while len(self.running) > max(allowed):
+            aside.append(self.running.pop())
+        self.rejoining = [s for s in self.rejoining if s not in aside]
+        self.lost += aside
+        self.set_aside += aside
+        return aside
+
     def rejoin(self) -> list[int]:
         """Puts every lost slot back for the next start, on trial; returns them."""
         back = sorted(self.lost)

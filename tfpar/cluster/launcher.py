@@ -249,8 +249,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         # Where each round's chief declares itself (folder, grace budget, replicas).
         records = tempfile.mkdtemp(prefix="tfpar-spec-")
         stack.callback(shutil.rmtree, records, True)
-        job = _Job(command, host, out, all_output, network, given,
-                   os.path.join(records, "worker_spec.json"))
+        job = _Job(command, host, out, all_output, network, given, records)
         state = JobState(elastic.WorkerSlots(
             num_workers if min_workers is None else min_workers, num_workers), max_restarts, 0,
             model_dir, program=signal_router.command_runs_program(command))
@@ -298,25 +297,27 @@ class _Job:
     all_output: bool
     network: str
     gpus: dict[int, str]
-    spec: str
+    records: str
+    """The folder of the rounds' worker specs."""
     known: Progress = dataclasses.field(default_factory=Progress)
     """The last progress a chief's folder showed."""
+    rounds: int = 0
 
     def round(self, state: JobState) -> Decision:
         """Runs one round of ``state``'s slots; the decision after it."""
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.spec)
+        self.rounds += 1  # Each round's chief declares itself in a file of its own.
+        spec = os.path.join(self.records, f"worker_spec_{self.rounds}.json")
         group = WorkerGroup(self.command, state.slots.running, self.host, self.out,
                             self.all_output, self.network,
                             preemption.DEFAULT_GRACE_SECONDS + PREEMPTION_MARGIN_SECONDS,
-                            self.gpus, _growth_due(state.slots, self.spec, self.known),
-                            self.spec, grace_margin=PREEMPTION_MARGIN_SECONDS)
+                            self.gpus, _growth_due(state.slots, spec, self.known),
+                            spec, grace_margin=PREEMPTION_MARGIN_SECONDS)
         try:
             check_signals()  # A signal before or between rounds: no worker is running.
             result = group.run()
         except SignalTaken as stop:
             result = _between_rounds(stop.signum, group)
-        declared = worker_contract.WorkerSpec.read(self.spec)
+        declared = worker_contract.WorkerSpec.read(spec)
         self.known = progress_of(declared, self.known)
         if declared is not None and state.slots.sizes is None:
             state.slots.sizes = declared.worker_counts(state.slots.minimum,

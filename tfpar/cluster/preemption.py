@@ -57,7 +57,7 @@ NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGHUP", "none")
 """The notice signals tfpar's programs watch besides SIGTERM (Slurm's --signal sends the one
 chosen); "none" watches SIGTERM only.
 """
-MAX_GRACE_SECONDS = 86400.0
+MAX_GRACE_SECONDS = worker_contract.MAX_GRACE_SECONDS
 """The largest grace budget accepted: a day (schedulers give seconds to minutes). Waits on the
 budget go through the interpreter's clocks and timers, which cannot hold an infinite wait, nor
 one of about 10**10 s and beyond.
@@ -193,6 +193,8 @@ class Notice:
             return
         (self._signals, self._grace_seconds, self._exit_process,
          subscribed) = self._watches.pop()
+        if self._signals:  # The outer watch's budget is the one a launcher waits for again.
+            worker_contract.declare(grace_seconds=self._grace_seconds)
         if subscribed:
             signal_router.unsubscribe()
 

@@ -190,7 +190,7 @@ def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision
             return decision
     if progress.made:
         after.slots.settled()
-    for rule in (_growing, _finished, _preempted):
+    for rule in (_growing, _refused_size, _finished, _preempted):
         decision = rule(after)
         if decision is not None:
             return decision
@@ -265,6 +265,24 @@ def _growing(after: _Round) -> Decision | None:
     back = after.slots.rejoin()
     return after.start(f"growing back to {size} (slot {_listed(back)} "
                        f"{'rejoins' if len(back) == 1 else 'rejoin'})")
+
+
+def _refused_size(after: _Round) -> Decision | None:
+    """The workers refused the job's size (bad input) after it shrank before its sizes were
+    known (its chief had not declared them): set slots aside to a size they allow, no restart
+    used."""
+    slots = after.slots
+    if (after.result.status != ExitStatus.BAD_INPUT or not slots.sizes
+            or len(slots.running) in slots.sizes):
+        return None
+    count = len(slots.running)
+    aside = slots.fit_sizes()
+    if aside is None:
+        return None
+    sizes = " or ".join(str(n) for n in sorted(slots.sizes, reverse=True))
+    return after.start(f"{_workers(count)} cannot run the job (it runs with {sizes} workers, "
+                       f"its chief declared): slot {_listed(sorted(aside))} set aside; going on "
+                       f"with {_workers(len(slots.running))} of {slots.maximum}")
 
 
 def _finished(after: _Round) -> Decision | None:

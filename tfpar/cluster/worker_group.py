@@ -215,8 +215,8 @@ class WorkerGroup:
                 worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
             if slot in self.gpus:
                 variables[worker_contract.VISIBLE_GPUS_ENV] = self.gpus[slot]
-            if self.worker_spec and rank == 0:
-                variables[worker_contract.WORKER_SPEC_ENV] = self.worker_spec  # The chief.
+            if self.worker_spec:  # The chief's; none for the others, whatever the launcher had.
+                variables[worker_contract.WORKER_SPEC_ENV] = self.worker_spec if rank == 0 else ""
             env = worker_environment.worker_environment(variables)
             try:
                 # Started before any output thread, so the fork runs preexec_fn single-threaded.

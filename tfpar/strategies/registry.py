@@ -310,15 +310,17 @@ class StrategyChoice:
             raise RegistryError(f"Strategy {self.name!r} runs on at most "
                                 f"{self.entry.max_devices} device(s). Received: {device_set}. "
                                 "Use 'mirrored' or 'allreduce' for more.")
+        if self.entry.multi_process:
+            # Under a launcher, the job's shape (the world sizes it can run on), declared before
+            # the factory waits for the other workers: a peer lost meanwhile is decided on it.
+            worker_contract.declare(replicas_per_worker=len(device_set),
+                                    virtual_replicas=self.virtual_replicas)
         strategy = self.entry.factory(device_set, **self.options)
         if not isinstance(strategy, tf.distribute.Strategy):
             raise TypeError(f"The factory of strategy {self.name!r} returned {strategy!r}, not "
                             "a tf.distribute.Strategy.")
         _fix_keras_for_foreign(self.name, strategy)
         _MADE[strategy] = Selection(self.entry, dict(self.options), device_set)
-        # Under a launcher, the job's shape: the world sizes it can run on.
-        worker_contract.declare(replicas_per_worker=len(device_set),
-                                virtual_replicas=self.virtual_replicas)
         return strategy
 
 
