@@ -47,7 +47,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         with mock.patch.dict(os.environ, {worker_contract.WORKER_SPEC_ENV: spec}), \
                 mock.patch.dict(worker_contract._declared, clear=True):
             directory, checkpoint = self.saved_once()
-            self.assertEqual(worker_contract.WorkerSpec.read(spec).folder, "")  # At a restore.
+            self.assertIsNone(worker_contract.WorkerSpec.read(spec))  # Declared at a restore.
             latest = os.path.basename(checkpoint.latest)
             self.assertEqual(worker_contract.read_position(directory),
                              worker_contract.Position(1, 0, latest, directory))
