@@ -232,6 +232,47 @@ class NoticeProcessTest(tf.test.TestCase):
         self.assertEqual(worker_contract.read_position(directory).pair, (1, 3))
 
 
+    def test_a_budget_spent_during_tensorflows_commit_names_both_states(self):
+        # The budget runs out while TensorFlow writes the notice's state (its index, then a
+        # sweep of old checkpoints, on slow storage): whether the folder holds it is not known
+        # until its position record, so the line names both, and the work as maybe lost.
+        record = os.path.join(self.get_temp_dir(), "stop.json")
+        directory = os.path.join(self.get_temp_dir(), "state")
+        result = run(f"""
+            import os, signal, time
+            import tensorflow as tf
+            from tfpar import testing
+            from tfpar.callbacks import checkpointing
+            from tfpar.cluster import preemption
+            model = testing.tiny_model()
+            checkpoint = checkpointing.EpochCheckpoint(
+                {directory!r}, model, tf.distribute.get_strategy())
+            checkpoint.set_model(model)
+            checkpoint.on_epoch_end(0, {{"loss": 1.5}})
+            save = checkpoint._manager.save
+
+            def slow_save(*args, **kwargs):
+                time.sleep(1.5)  # Past the budget, before the commit.
+                return save(*args, **kwargs)
+
+            checkpoint._manager.save = slow_save
+            preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
+            preemption.NOTICE.loop_started()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            preemption.NOTICE.stop_at((1, 3))
+            checkpoint.save_inside_epoch(1, 3)
+            time.sleep(30)
+            """, **{worker_contract.STOP_RECORD_ENV: record})
+        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
+        with open(record) as f:
+            stop = json.load(f)
+        self.assertTrue(stop["work_lost"], stop)
+        self.assertEqual(stop["reason"], (
+            "Preempted (SIGUSR1): the state could not be saved within the 1 s grace budget; "
+            f"the save of epoch 2 step 3 in {directory} was under way, so a rerun resumes "
+            f"there if it committed, else at the end of epoch 1 in {directory}."))
+
+
 class LauncherHandOverTest(tf.test.TestCase):
 
     def test_a_launcher_takes_over_its_programs_notices_and_their_budget(self):

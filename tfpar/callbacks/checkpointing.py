@@ -16,6 +16,7 @@ It is a Keras callback, so resuming behaves the same under every strategy.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -464,24 +465,27 @@ class EpochCheckpoint(keras.callbacks.Callback):
             atomic_io.write_json(os.path.join(self.directory, self.HISTORY_FILE), self.history)
         self.epochs_done.assign(epochs)
         self.steps_done.assign(steps)
-        self._write_replica_copies(f"ckpt-{number}")
-        # TensorFlow renames its data files into place, then writes the checkpoint's
-        # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
-        with atomic_io.external_writes(
-                self._write_dir, "tensorflow", whole=lambda name: not name.endswith(".index"),
-                order=lambda name: (2 if name == worker_contract.CHECKPOINT_INDEX
-                                    else 1 if name.endswith(".index") else 0)):
-            path = self._manager.save(checkpoint_number=number)
-        self._last_number = number
-        self._known[f"ckpt-{number}"] = (epochs, steps)
-        self._last_path = os.path.join(self.directory, os.path.basename(path))
-        # Committed: its position record (which the launcher reads, and the notice's line,
-        # should its grace budget run out during the clean-up below), held off from a spent
-        # budget's end so that the line and the record name the same state.
-        with preemption.NOTICE.ending_held():
-            worker_contract.commit_position(
-                self.directory, worker_contract.Position(epochs, steps, f"ckpt-{number}"),
-                write=self._chief)
+        position = worker_contract.Position(epochs, steps, f"ckpt-{number}")
+        # Until its position record, a spent grace budget cannot tell whether TensorFlow's
+        # commit (the index, then a sweep of old checkpoints) happened: it says both.
+        with preemption.NOTICE.saving(dataclasses.replace(position, folder=self.directory)):
+            self._write_replica_copies(f"ckpt-{number}")
+            # TensorFlow renames its data files into place, then writes the checkpoint's
+            # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
+            with atomic_io.external_writes(
+                    self._write_dir, "tensorflow",
+                    whole=lambda name: not name.endswith(".index"),
+                    order=lambda name: (2 if name == worker_contract.CHECKPOINT_INDEX
+                                        else 1 if name.endswith(".index") else 0)):
+                path = self._manager.save(checkpoint_number=number)
+            self._last_number = number
+            self._known[f"ckpt-{number}"] = (epochs, steps)
+            self._last_path = os.path.join(self.directory, os.path.basename(path))
+            # Committed: its position record (which the launcher reads, and the notice's line,
+            # should its grace budget run out during the clean-up below), held off from a spent
+            # budget's end so that the line and the record name the same state.
+            with preemption.NOTICE.ending_held():
+                worker_contract.commit_position(self.directory, position, write=self._chief)
         if self._chief:
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:

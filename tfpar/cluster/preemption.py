@@ -136,6 +136,7 @@ class Notice:
         # the notice's lines name only those after.
         self._commits_before = worker_contract.commits_made()
         self._stop_position: tuple[int, int] | None = None  # Where the notice's state goes.
+        self._in_flight: worker_contract.Position | None = None  # A save under way.
         # Held while a committed save's position is recorded: a spent budget waits for it, so
         # that its line and the position record name the same state.
         self._ending_held = threading.Lock()
@@ -302,6 +303,18 @@ class Notice:
         with self._ending_held:
             yield
 
+    @contextlib.contextmanager
+    def saving(self, position: worker_contract.Position) -> Iterator[None]:
+        """Inside, a save of ``position`` is under way (from its first write to its position
+        record): a grace budget spent meanwhile says that a rerun resumes there if the save
+        committed, else at the last committed one, since which of the two the folder holds is
+        not known."""
+        self._in_flight = position
+        try:
+            yield
+        finally:
+            self._in_flight = None
+
     def stop_at(self, position: tuple[int, int]) -> None:
         """Records the position the notice's state is saved at (the step the job agreed on),
         ``(epochs finished, steps of the next epoch)``: once a save of it is committed, a grace
@@ -378,6 +391,11 @@ class Notice:
         elif not self._stopping.is_set():
             saved = (f"{last.where} is intact and is where a rerun resumes"
                      if last else "nothing was saved before")
+            in_flight = self._in_flight
+            if in_flight is not None:
+                before = last.where if last else "the start (nothing was saved before)"
+                saved = (f"the save of {in_flight.where} was under way, so a rerun resumes "
+                         f"there if it committed, else at {before}")
             line = (f"Preempted ({self._name}): the state could not be saved within the "
                     f"{self._grace_seconds:g} s grace budget; {saved}.")
             print(line, file=sys.stderr, flush=True)
