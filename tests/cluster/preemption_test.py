@@ -191,11 +191,10 @@ class NoticeProcessTest(tf.test.TestCase):
             stop = json.load(f)
         self.assertFalse(stop["work_lost"])
 
-    def test_a_budget_spent_while_a_commits_position_is_recorded_waits_for_it(self):
-        # The notice's state (epoch 2 step 3) is committed by TensorFlow; the budget runs out
-        # while the chief writes its position record (a slow disk). Before, the process ended
-        # between the two: its stop line said epoch 2 step 3, nothing lost, and the record the
-        # launcher reads still epoch 1, the line it prints.
+    def notice_during_a_slow_save(self, owner: str, name: str) -> tuple[dict, str]:
+        """Saves epoch 1, then takes a notice (a 1 s budget) and saves the notice's state
+        (epoch 2 step 3) in a child process whose ``owner.name`` (an expression and a member,
+        a step of the save) takes 1.5 s; returns its stop record and the state folder."""
         record = os.path.join(self.get_temp_dir(), "stop.json")
         directory = os.path.join(self.get_temp_dir(), "state")
         result = run(f"""
@@ -209,13 +208,13 @@ class NoticeProcessTest(tf.test.TestCase):
                 {directory!r}, model, tf.distribute.get_strategy())
             checkpoint.set_model(model)
             checkpoint.on_epoch_end(0, {{"loss": 1.5}})  # Epoch 1, as the launcher knows.
-            recorded = checkpointing.worker_contract.commit_position
+            step = {owner}.{name}
 
-            def slow_record(*args, **kwargs):
+            def slow_step(*args, **kwargs):
                 time.sleep(1.5)  # Past the budget.
-                recorded(*args, **kwargs)
+                return step(*args, **kwargs)
 
-            checkpointing.worker_contract.commit_position = slow_record
+            {owner}.{name} = slow_step
             preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
             preemption.NOTICE.loop_started()
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -225,47 +224,25 @@ class NoticeProcessTest(tf.test.TestCase):
             """, **{worker_contract.STOP_RECORD_ENV: record})
         self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
         with open(record) as f:
-            stop = json.load(f)
+            return json.load(f), directory
+
+    def test_a_budget_spent_while_a_commits_position_is_recorded_waits_for_it(self):
+        # The notice's state (epoch 2 step 3) is committed by TensorFlow; the budget runs out
+        # while the chief writes its position record (a slow disk). Before, the process ended
+        # between the two: its stop line said epoch 2 step 3, nothing lost, and the record the
+        # launcher reads still epoch 1, the line it prints.
+        stop, directory = self.notice_during_a_slow_save("checkpointing.worker_contract",
+                                                         "commit_position")
         self.assertFalse(stop["work_lost"], stop)
         self.assertIn(f"the notice's state was saved (epoch 2 step 3 in {directory}, ",
                       stop["reason"])
         self.assertEqual(worker_contract.read_position(directory).pair, (1, 3))
 
-
     def test_a_budget_spent_during_tensorflows_commit_names_both_states(self):
         # The budget runs out while TensorFlow writes the notice's state (its index, then a
         # sweep of old checkpoints, on slow storage): whether the folder holds it is not known
         # until its position record, so the line names both, and the work as maybe lost.
-        record = os.path.join(self.get_temp_dir(), "stop.json")
-        directory = os.path.join(self.get_temp_dir(), "state")
-        result = run(f"""
-            import os, signal, time
-            import tensorflow as tf
-            from tfpar import testing
-            from tfpar.callbacks import checkpointing
-            from tfpar.cluster import preemption
-            model = testing.tiny_model()
-            checkpoint = checkpointing.EpochCheckpoint(
-                {directory!r}, model, tf.distribute.get_strategy())
-            checkpoint.set_model(model)
-            checkpoint.on_epoch_end(0, {{"loss": 1.5}})
-            save = checkpoint._manager.save
-
-            def slow_save(*args, **kwargs):
-                time.sleep(1.5)  # Past the budget, before the commit.
-                return save(*args, **kwargs)
-
-            checkpoint._manager.save = slow_save
-            preemption.NOTICE.watch([signal.SIGUSR1], 1.0)
-            preemption.NOTICE.loop_started()
-            os.kill(os.getpid(), signal.SIGUSR1)
-            preemption.NOTICE.stop_at((1, 3))
-            checkpoint.save_inside_epoch(1, 3)
-            time.sleep(30)
-            """, **{worker_contract.STOP_RECORD_ENV: record})
-        self.assertEqual(result.returncode, preemption.PREEMPTED_EXIT_STATUS, result.stderr)
-        with open(record) as f:
-            stop = json.load(f)
+        stop, directory = self.notice_during_a_slow_save("checkpoint._manager", "save")
         self.assertTrue(stop["work_lost"], stop)
         self.assertEqual(stop["reason"], (
             "Preempted (SIGUSR1): the state could not be saved within the 1 s grace budget; "
