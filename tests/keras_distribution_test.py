@@ -4,6 +4,7 @@ entry, ends where the entry ends, and what tfpar cannot run is refused in one li
 
 import io
 import os
+import subprocess
 import sys
 
 import keras
@@ -171,15 +172,34 @@ class KerasDistributionTest(testing.StrategyTestCase):
 @pytest.mark.cluster  # Two jobs of two processes: `pytest -m cluster`.
 class AcrossProcessesTest(tf.test.TestCase):
 
-    def job(self, path: str, local_devices: int) -> tuple[list[np.ndarray], str]:
+    def run_job(self, path: str, local_devices: int | str) -> tuple[int, str, str]:
         output = os.path.join(self.get_temp_dir(), f"{path}_{local_devices}.npz")
         out = io.StringIO()
         worker = os.path.join(os.path.dirname(__file__), "cluster",
                               "keras_distribution_worker.py")
         status = launcher.launch([sys.executable, worker, path, str(local_devices), output], 2,
                                  out=out)
-        self.assertEqual(status, 0, out.getvalue()[-3000:])
-        return list(np.load(output).values()), out.getvalue()
+        return status, out.getvalue(), output
+
+    def job(self, path: str, local_devices: int) -> tuple[list[np.ndarray], str]:
+        status, out, output = self.run_job(path, local_devices)
+        self.assertEqual(status, 0, out[-3000:])
+        return list(np.load(output).values()), out
+
+    def test_workers_of_unequal_device_counts_are_refused_instead_of_waiting(self):
+        # TensorFlow sizes a collective by this worker's devices times the workers: 2 devices
+        # and 1 would wait for each other in the first all-reduce until stopped (here: the
+        # timeout fails the test).
+        worker = os.path.join(os.path.dirname(__file__), "cluster",
+                              "keras_distribution_worker.py")
+        job = subprocess.run(
+            [sys.executable, "-m", "tfpar.cli.launch", "--num_workers=2", "--", sys.executable,
+             worker, "keras", "uneven", os.path.join(self.get_temp_dir(), "unused.npz")],
+            capture_output=True, text=True, timeout=240)
+        self.assertNotEqual(job.returncode, 0)
+        self.assertIn("ConfigError: Every worker of a job must train on as many devices as the "
+                      "others (TensorFlow's all-reduce spans each worker's devices times the "
+                      "workers); this job's have worker 0: 2, worker 1: 1.", job.stdout)
 
     def test_a_data_parallel_over_every_process_trains_as_the_entry_does(self):
         for local_devices in (1, 2):

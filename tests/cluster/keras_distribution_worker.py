@@ -2,8 +2,11 @@
 through the tfpar entry itself); the chief saves the weights.
 
 Usage (through the launcher): keras_distribution_worker.py keras|entry LOCAL_DEVICES OUTPUT.npz
+(LOCAL_DEVICES ``uneven``: two for the first worker, one for the others.)
 """
 
+import json
+import os
 import sys
 
 import numpy as np
@@ -13,6 +16,8 @@ from tfpar import devices
 
 
 def main(path: str, local_devices: int, output: str) -> None:
+    if local_devices == -1:
+        local_devices = 2 if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0 else 1
     devices.ensure_logical_cpus(local_devices)
     import keras  # noqa: PLC0415 (after the CPU is split)
 
@@ -46,4 +51,4 @@ def main(path: str, local_devices: int, output: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], -1 if sys.argv[2] == "uneven" else int(sys.argv[2]), sys.argv[3])

@@ -14,7 +14,9 @@ from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import coordination
+from tfpar.compat import coordination_values
 from tfpar.compat import multi_worker_cpus
+from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
 from tfpar.host import worker_threads
 from tfpar.strategies.base import TfparStrategy
@@ -85,4 +87,48 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
             return strategy_class(cluster_resolver=resolver, communication_options=communication,
                                   **extra)
 
-    return cluster_peers.connect(build, resolver, options.cluster_timeout)
+    strategy = cluster_peers.connect(build, resolver, options.cluster_timeout)
+    if resolver is not None and resolver.cluster_spec().jobs:
+        check_same_replicas(resolver, len(devices), options.cluster_timeout)
+    return strategy
+
+
+_LOCAL_REPLICAS_KEY = "tfpar/local_replicas/{task_type}/{task_id}"
+
+
+def check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolver,
+                        local: int, timeout: float) -> None:
+    """Checks that every worker of the job trains on as many devices as this one.
+
+    TensorFlow's strategy sizes its collectives as this worker's devices times the workers, so
+    workers of unequal device counts would wait for each other in the first all-reduce until
+    stopped. Each worker writes its count to the job's coordination service and reads the
+    others' (where :mod:`tfpar.compat.coordination_values` is available; elsewhere nothing is
+    checked).
+
+    Args:
+        resolver: The job's cluster.
+        local: This worker's devices (replicas).
+        timeout: Seconds to wait for a peer's count (a peer that never writes is not judged).
+
+    Raises:
+        ConfigError: If some worker has another number of devices (one line naming each).
+    """
+    if not coordination_values.available():
+        return
+    cluster = resolver.cluster_spec().as_dict()
+    tasks = [(job, index) for job in ("chief", "worker")
+             for index in range(len(cluster.get(job, ())))]
+    own = (resolver.task_type, int(resolver.task_id))
+    coordination_values.insert(_LOCAL_REPLICAS_KEY.format(task_type=own[0], task_id=own[1]),
+                               str(local))
+    counts = {task: coordination_values.wait_for(
+        _LOCAL_REPLICAS_KEY.format(task_type=task[0], task_id=task[1]), timeout)
+        for task in tasks}
+    known = {task: int(count) for task, count in counts.items() if count is not None}
+    if len(set(known.values())) > 1:
+        each = ", ".join(f"{job} {index}: {count}" for (job, index), count in known.items())
+        raise ConfigError(f"Every worker of a job must train on as many devices as the others "
+                          f"(TensorFlow's all-reduce spans each worker's devices times the "
+                          f"workers); this job's have {each}. Give each worker the same number "
+                          f"of GPUs or logical CPU devices.")
