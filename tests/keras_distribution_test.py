@@ -7,15 +7,18 @@ import os
 import subprocess
 import sys
 
+import indexed_job_pods  # The pods of an Indexed Job, emulated.
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from slurm_test import srun_environment
 
 from tfpar import keras_distribution
 from tfpar import strategies
 from tfpar import testing
 from tfpar.cluster import launcher
+from tfpar.cluster import private_network
 from tfpar.compat import keras_distribution as keras_hook
 from tfpar.errors import ConfigError
 from tfpar.errors import RegistryError
@@ -185,6 +188,48 @@ class AcrossProcessesTest(tf.test.TestCase):
         status, out, output = self.run_job(path, local_devices)
         self.assertEqual(status, 0, out[-3000:])
         return list(np.load(output).values()), out
+
+    @staticmethod
+    def start(place, rank: int, command: list[str], environ: dict) -> subprocess.Popen:
+        """Task ``rank`` as srun starts it (``place``: the node's network) or as pod ``rank``."""
+        output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        if isinstance(place, private_network.Namespace):
+            return subprocess.Popen(command, env={**environ, **srun_environment(
+                job_id="4250", rank=rank)}, preexec_fn=place.enter, **output)
+        return place.popen(rank, command, env=environ, **output)
+
+    def test_the_same_script_under_slurm_and_kubernetes_trains_as_the_entry_does(self):
+        # The job as srun starts a step's tasks (one node, its own loopback), and as the pods
+        # of an Indexed Job behind a headless Service (each pod its own address and hostname):
+        # no launcher, no TF_CONFIG.
+        worker = os.path.join(os.path.dirname(__file__), "cluster",
+                              "keras_distribution_worker.py")
+        base = {key: value for key, value in os.environ.items()
+                if key not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
+        results = {}
+        for where in ("slurm", "kubernetes"):
+            output = os.path.join(self.get_temp_dir(), f"{where}.npz")
+            command = [sys.executable, worker, "keras", "1", output]
+            place = (private_network.Namespace() if where == "slurm"
+                     else indexed_job_pods.IndexedJobPods(self.get_temp_dir()))
+            with place:
+                tasks = [self.start(place, rank, command, base) for rank in range(2)]
+                try:
+                    outputs = [task.communicate(timeout=240)[0] for task in tasks]
+                finally:
+                    for task in tasks:
+                        task.kill()
+            for task, out in zip(tasks, outputs):
+                self.assertEqual(task.returncode, 0, out[-3000:])
+                self.assertIn("devices cpu:0 cpu:1", out)
+                self.assertIn("entry multi_worker_allreduce 2", out)
+            results[where] = list(np.load(output).values())
+        for a, b in zip(results["slurm"], results["kubernetes"]):
+            self.assertAllEqual(a, b)
+        one_device = build()
+        one_device.fit(data(), epochs=2, verbose=0)
+        for a, b in zip(results["kubernetes"], weights(one_device)):
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
 
     def test_workers_of_unequal_device_counts_are_refused_instead_of_waiting(self):
         # TensorFlow sizes a collective by this worker's devices times the workers: 2 devices

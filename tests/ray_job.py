@@ -1,13 +1,15 @@
 """A Ray Train job for ray_test: a user's train loop under TensorflowTrainer on a local Ray.
 
-``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs six trainers of 2
+``python ray_job.py INITIAL.npz OUTDIR``: starts Ray (2 CPUs) and runs eight trainers of 2
 workers: ``multi_worker``, ``multi_worker_allreduce``, and two ``multi_worker`` jobs whose
 worker 1 gets a signal at the start of epoch 2 of its first attempt, once Ray's controller has
 collected the epoch-1 checkpoint (it polls the workers every 2 s): ``killed`` (signal 9,
 restarted by Ray, ``FailureConfig(max_failures=1)``) and ``terminated`` (SIGTERM, as a
 scheduler's first notice); then a model with BatchNorm reporting a state every step,
 uninterrupted (``batchnorm``) and killed after epoch 2's second step
-(``batchnorm_killed_mid_epoch``). Each writes OUTDIR/NAME.json (the Result's metrics, its
+(``batchnorm_killed_mid_epoch``); then the guide's ``keras.distribution.DataParallel`` through
+tfpar, uninterrupted and killed as ``killed`` is (``keras_distribution``,
+``keras_distribution_killed``). Each writes OUTDIR/NAME.json (the Result's metrics, its
 checkpoint's folder, the epoch each attempt started at) and OUTDIR/NAME.npz (the final weights).
 Run it in a private network namespace: Ray then puts 127.0.0.1 in TF_CONFIG.
 """
@@ -49,9 +51,16 @@ def train_loop_per_worker(config):
 
     import tfpar
 
-    strategy = tfpar.strategies.get(config["entry"])
-    with strategy.scope():
-        model = user_model(config["every"] is not None)
+    if config["entry"] == "keras_distribution":  # Keras's own API, the guide's code.
+        tfpar.keras_distribution.install()
+        keras.distribution.initialize()
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        model = user_model()
+        strategy = model.distribute_strategy
+    else:
+        strategy = tfpar.strategies.get(config["entry"])
+        with strategy.scope():
+            model = user_model(config["every"] is not None)
     if config["every"] is None:
         model.set_weights(list(np.load(config["initial"]).values()))
     else:  # Each replica's own BatchNorm statistics, reported every step too.
@@ -124,7 +133,10 @@ def main(initial: str, out: str) -> None:
             ("terminated", "multi_worker", 15, None),
             # A BatchNorm model reporting every step; killed after epoch 2's second step.
             ("batchnorm", "multi_worker_allreduce", 0, 1),
-            ("batchnorm_killed_mid_epoch", "multi_worker_allreduce", 9, 1)):
+            ("batchnorm_killed_mid_epoch", "multi_worker_allreduce", 9, 1),
+            # keras.distribution.DataParallel through tfpar, uninterrupted and killed.
+            ("keras_distribution", "keras_distribution", 0, None),
+            ("keras_distribution_killed", "keras_distribution", 9, None)):
         trainer = TensorflowTrainer(
             train_loop_per_worker,
             train_loop_config={"entry": entry, "initial": initial, "out": out, "name": name,

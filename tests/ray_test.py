@@ -1,8 +1,10 @@
 """Tests of tfpar under Ray Train: a real local Ray runtime, kept on a private loopback.
 
-One Ray job (``ray_job.py``, about 3 minutes on 2 cores) runs a user's train loop under
-``TensorflowTrainer`` with 2 workers four times: ``multi_worker``, ``multi_worker_allreduce``,
-and ``multi_worker`` with a worker killed (SIGKILL, restarted by Ray) or sent SIGTERM; its
+One Ray job (``ray_job.py``, about 4 minutes on 2 cores) runs a user's train loop under
+``TensorflowTrainer`` with 2 workers eight times: ``multi_worker``, ``multi_worker_allreduce``,
+``multi_worker`` with a worker killed (SIGKILL, restarted by Ray) or sent SIGTERM, a BatchNorm
+model reported every step (and killed inside an epoch), and ``keras.distribution`` through tfpar
+(and killed); its
 first worker also records what ``tf.keras`` is there and in the processes it starts. Another
 (``ray_elastic_job.py``, about a minute) shrinks an elastic job when a node of a local
 3-node Ray cluster leaves.
@@ -120,6 +122,24 @@ class RayTrainTest(tf.test.TestCase, parameterized.TestCase):
         uninterrupted = list(np.load(os.path.join(self.out, "multi_worker.npz")).values())
         resumed = list(np.load(os.path.join(self.out, "killed.npz")).values())
         for want, got in zip(uninterrupted, resumed):
+            self.assertAllEqual(want, got)
+
+    def test_keras_distribution_trains_as_its_entry_and_resumes_exactly_after_a_kill(self):
+        # keras.distribution.DataParallel() set in each Ray worker trains through
+        # multi_worker_allreduce and ends where that entry ends, bit for bit; killed as
+        # `killed` is, Ray restarts it from the epoch-1 checkpoint, and it ends the same.
+        result = self.result("keras_distribution")
+        self.assertIsNone(result["error"])
+        entry = list(np.load(os.path.join(self.out, "multi_worker_allreduce.npz")).values())
+        mine = list(np.load(os.path.join(self.out, "keras_distribution.npz")).values())
+        self.assertLen(mine, 4)
+        for want, got in zip(entry, mine):
+            self.assertAllEqual(want, got)
+        killed = self.result("keras_distribution_killed")
+        self.assertEqual(killed["starts"], ["0 0", "0 1", "1 0", "1 1"], self.output[-3000:])
+        self.assertIsNone(killed["error"])
+        resumed = list(np.load(os.path.join(self.out, "keras_distribution_killed.npz")).values())
+        for want, got in zip(mine, resumed):
             self.assertAllEqual(want, got)
 
     def test_a_state_reported_inside_an_epoch_resumes_at_its_step_exactly(self):

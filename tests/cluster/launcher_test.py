@@ -159,7 +159,9 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         # same file (h5py "unable to lock file") before tfpar's fix; the chief writes now.
         ("backup", "multi_worker"), ("backup_every_2", "multi_worker_allreduce"),
         # Killed (SIGKILL, no notice) inside epoch 3, after a save at its first step.
-        ("backup_every_3", "multi_worker"))
+        ("backup_every_3", "multi_worker"),
+        # Keras's code alone: keras.distribution.DataParallel and BackupAndRestore.
+        ("backup_every_3", "keras_distribution"))
     @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_users_own_resume_loop_under_restarts(self, resume, entry):
         weights = []

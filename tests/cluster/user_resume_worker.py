@@ -1,7 +1,8 @@
 """A user's multi-worker script with its own kill-and-resume, run by the launcher's tests.
 
 ``python user_resume_worker.py MODEL_DIR CRASH_MARKER OUTPUT [RESUME [ENTRY]]``: trains 4
-epochs of 4 steps under ENTRY (default ``multi_worker_allreduce``), resuming from MODEL_DIR
+epochs of 4 steps under ENTRY (default ``multi_worker_allreduce``; ``keras_distribution``:
+``keras.distribution.DataParallel()`` through tfpar), resuming from MODEL_DIR
 with RESUME: ``epoch_checkpoint`` (:class:`tfpar.callbacks.EpochCheckpoint`, the default),
 ``backup`` (Keras's ``BackupAndRestore``, ``save_freq="epoch"``), ``backup_every_2``
 (``save_freq=2``) or ``backup_every_3`` (``save_freq=3``: its last save before the kill is
@@ -51,15 +52,21 @@ class CrashOnce(keras.callbacks.Callback):
 
 def main(model_dir: str, marker: str, output: str, resume: str = "epoch_checkpoint",
          entry: str = "multi_worker_allreduce") -> None:
-    strategy = tfpar.strategies.get(entry, 1)
+    if entry == "keras_distribution":  # Keras's own API, as its guide has it.
+        tfpar.keras_distribution.install()
+        keras.distribution.initialize()
+        distribution = keras.distribution.DataParallel()
+    else:
+        distribution = tfpar.strategies.get(entry, 1)
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     rng = np.random.default_rng(0)
     x, y = rng.random((64, 8), dtype=np.float32), rng.integers(0, 3, 64)
-    with strategy.scope():
+    with distribution.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    strategy = model.distribute_strategy
     if resume == "epoch_checkpoint":
         checkpoint = EpochCheckpoint(model_dir, model, strategy)
         initial_epoch = checkpoint.restore()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import indexed_job_pods  # The pods of an Indexed Job, emulated.
+import pytest
 import tensorflow as tf
 import yaml
 
@@ -203,6 +205,74 @@ class ExamplesTest(tf.test.TestCase):
                  if a.startswith("--preemption_grace_seconds=")]
         self.assertLen(grace, 1)
         self.assertLess(grace[0], pod["terminationGracePeriodSeconds"])
+
+    def pod_command(self, container: dict, volume: str, job_uid: str, epochs: int) -> list[str]:
+        """The container's command as Kubernetes runs it (``$(NAME)`` from the container's
+        variables), its volume at ``volume``, ``--epochs`` made short."""
+        env = {item["name"]: item.get("value", job_uid) for item in container["env"]}
+        mount = container["volumeMounts"][0]["mountPath"]
+        command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], argument)
+                   .replace(f"={mount}/", f"={volume}/") for argument in container["command"]]
+        command = [f"--epochs={epochs}" if a.startswith("--epochs=") else a for a in command]
+        self.assertEqual(command[0], "tfpar-train")
+        return [sys.executable, "-c", "from tfpar.cli import train; train.run()", *command[1:]]
+
+    def run_pods(self, pods, command: list[str], env: dict[str, str],
+                 notice_when: str | None = None) -> list[tuple[int, str]]:
+        """Every pod's exit status and output; with ``notice_when`` (a path), pod 1 gets
+        SIGTERM (as the kubelet sends at an eviction) once the path exists."""
+        tasks = [pods.popen(i, command, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(pods.count)]
+        try:
+            if notice_when:
+                deadline = time.monotonic() + 240
+                while not os.path.exists(notice_when) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                tasks[1].send_signal(signal.SIGTERM)  # nsenter runs the command in its place.
+            return [(task.wait(timeout=300), task.stdout.read()) for task in tasks]
+        finally:
+            for task in tasks:
+                task.kill()
+
+    @pytest.mark.cluster  # Two Jobs of two pods: `pytest -m cluster`.
+    def test_the_kubernetes_job_runs_in_pods_and_resumes_after_an_eviction(self):
+        # The manifest's Job, its pods emulated (each its own address, hostname and the
+        # Service's names; tests/cluster/indexed_job_pods.py), its podFailurePolicy applied to
+        # each pod's exit status as the Job controller applies it.
+        job = self.manifests()["Job"]
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+
+        def action(status: int) -> str:
+            for rule in rules:
+                codes = rule.get("onExitCodes")
+                if codes and (status in codes["values"]) == (codes["operator"] == "In"):
+                    return rule["action"]
+            return "Count" if status else "Succeeded"  # Against backoffLimit.
+
+        volume = self.get_temp_dir()
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
+        env.update({item["name"]: item["value"] for item in container["env"] if "value" in item})
+        command = self.pod_command(container, volume, "job-uid-1", epochs=3)
+        with indexed_job_pods.IndexedJobPods(self.get_temp_dir(),
+                                             count=int(job["spec"]["completions"])) as pods:
+            # Bad input fails the Job at once, without a retry.
+            ((status, output), *_) = self.run_pods(pods, [*command, "--epochs=0"], env)
+            self.assertEqual(action(status), "FailJob", output[-2000:])
+            # An eviction of pod 1 once epoch 1 is saved: every pod saves and exits 85, which
+            # the Job ignores (new pods take their indexes) ...
+            index = os.path.join(volume, "job-uid-1", "multi_worker_1_devices", "checkpoint")
+            first = self.run_pods(pods, command, env, notice_when=index)
+            self.assertEqual([action(status) for status, _ in first], ["Ignore", "Ignore"],
+                             [output[-2000:] for _, output in first])
+            # ... and the new pods resume where the job stopped and finish it.
+            second = self.run_pods(pods, command, env)
+            self.assertEqual([action(status) for status, _ in second],
+                             ["Succeeded", "Succeeded"], [out[-2000:] for _, out in second])
+        self.assertRegex(second[0][1], r"Resuming from .*/job-uid-1/multi_worker_1_devices/"
+                                       r"ckpt-\d+ \((epoch 2 step \d+|the end of epoch 1)\)")
+        self.assertIn("test acc: ", second[0][1])
 
     def assert_flags_exist(self, arguments: str) -> None:
         defined = train_flags()
