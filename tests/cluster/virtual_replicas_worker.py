@@ -1,13 +1,15 @@
 """One process of a world-size-invariant job (``virtual_replicas``), alone or under the launcher.
 
-``python virtual_replicas_worker.py LOCAL_DEVICES VIRTUAL STATE OUTPUT [STOP_AT|kill]``: trains the
+``python virtual_replicas_worker.py LOCAL_DEVICES VIRTUAL STATE OUTPUT [STOP_AT|kill|- [keras]]``:
+trains the
 exactness matrix's users' functional model (BatchNorm, Dropout, Adam with EMA and a schedule)
 on LOCAL_DEVICES logical CPU devices of one thread each, under ``multi_worker_allreduce`` when
 the launcher gave it a ``TF_CONFIG``, else ``allreduce``, with ``virtual_replicas=VIRTUAL``,
 resuming from STATE (:class:`~tfpar.callbacks.EpochCheckpoint`). With STOP_AT ``E:S``, worker 0
 sends itself a preemption notice after step S of epoch E (the job saves and exits 85); with
 ``kill``, the worker in slot 2 kills itself once the optimizer made 8 steps, the first time only
-(an elastic launcher loses it). Each
+(an elastic launcher loses it); ``-``: neither. With ``keras``, the model is built under
+``keras.distribution.DataParallel()`` through :mod:`tfpar.keras_distribution` instead. Each
 process writes every variable of its model and optimizer, each local replica's copy, to
 ``OUTPUT.RANK.npz``.
 """
@@ -32,20 +34,28 @@ from tfpar.callbacks import EpochCheckpoint  # noqa: E402
 from tfpar.callbacks import SaveOnPreemption  # noqa: E402
 
 
-def main(local: str, virtual: str, state: str, output: str, stop_at: str = "") -> None:
+def main(local: str, virtual: str, state: str, output: str, stop_at: str = "",
+         api: str = "entry") -> None:
     import keras
 
     config = os.environ.get("TF_CONFIG")
     rank = json.loads(config)["task"]["index"] if config else 0
     keras.utils.set_random_seed(1)
-    entry = "multi_worker_allreduce" if config else "allreduce"
-    strategy = tfpar.strategies.get(entry, int(local), virtual_replicas=int(virtual))
-    with strategy.scope():
+    if api == "keras":  # Keras's own API, the entry and its options named once.
+        tfpar.keras_distribution.install("allreduce", virtual_replicas=int(virtual))
+        keras.distribution.initialize()
+        distribution = keras.distribution.DataParallel()
+    else:
+        entry = "multi_worker_allreduce" if config else "allreduce"
+        distribution = tfpar.strategies.get(entry, int(local), virtual_replicas=int(virtual))
+    with distribution.scope():
         model = exactness_test.users_functional()
+    strategy = model.distribute_strategy
     x, y = exactness_test.examples()
     checkpoint = EpochCheckpoint(state, model, strategy)
     initial_epoch = checkpoint.restore()
     callbacks: list = [checkpoint, SaveOnPreemption(checkpoint)]
+    stop_at = "" if stop_at == "-" else stop_at
     if stop_at == "kill" and os.environ.get("TFPAR_WORKER_SLOT") == "2":
         sys.path.insert(0, HERE)
         from exactness_worker import KillOnce
