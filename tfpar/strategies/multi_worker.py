@@ -89,14 +89,14 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
 
     strategy = cluster_peers.connect(build, resolver, options.cluster_timeout)
     if resolver is not None and resolver.cluster_spec().jobs:
-        check_same_replicas(resolver, len(devices), options.cluster_timeout)
+        _check_same_replicas(resolver, len(devices), options.cluster_timeout)
     return strategy
 
 
 _LOCAL_REPLICAS_KEY = "tfpar/local_replicas/{task_type}/{task_id}"
 
 
-def check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolver,
+def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolver,
                         local: int, timeout: float) -> None:
     """Checks that every worker of the job trains on as many devices as this one.
 
