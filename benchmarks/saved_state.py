@@ -59,6 +59,7 @@ def folder_size(folder: str, names: list[str] | None = None) -> int:
 def one_round(shapes: list[tuple[int, ...]], replicas: int, per_worker: int, root: str
               ) -> dict[str, float]:
     from tfpar import replica_copies
+    from tfpar import replica_copy_files
 
     workers = replicas // per_worker
     folder = tempfile.mkdtemp(dir=root)
@@ -66,18 +67,19 @@ def one_round(shapes: list[tuple[int, ...]], replicas: int, per_worker: int, roo
         # The other workers' files (not timed), then this worker's (the last one's).
         for worker in range(workers - 1):
             ids = list(range(worker * per_worker, (worker + 1) * per_worker))
-            replica_copies.write_own(folder, ids, replicas, copies_of(shapes, per_worker, worker))
+            replica_copy_files.write_own(folder, ids, replicas,
+                                         copies_of(shapes, per_worker, worker))
         ids = list(range((workers - 1) * per_worker, replicas))
         own = copies_of(shapes, per_worker, workers - 1)
         start = time.perf_counter()
-        path = replica_copies.write_own(folder, ids, replicas, own)
+        path = replica_copy_files.write_own(folder, ids, replicas, own)
         write_s = time.perf_counter() - start
         start = time.perf_counter()
-        back = replica_copies.read_own(folder, ids)
+        back = replica_copy_files.read_own(folder, ids)
         read_s = time.perf_counter() - start
         assert all(np.array_equal(back[p], own[p]) for p in own)
         start = time.perf_counter()
-        replica_copies.read_mean(folder)
+        replica_copy_files.read_mean(folder)
         elastic_s = time.perf_counter() - start
         result = {"write_s": write_s, "read_s": read_s, "elastic_read_s": elastic_s,
                   "own_bytes": os.path.getsize(path), "all_bytes": folder_size(folder),
@@ -95,7 +97,7 @@ def one_round(shapes: list[tuple[int, ...]], replicas: int, per_worker: int, roo
         del text
         start = time.perf_counter()
         with open(json_path, encoding="utf-8") as f:
-            replica_copies.decode_json(json.load(f))
+            replica_copy_files.decode_json(json.load(f))
         result["json_read_s"] = time.perf_counter() - start
         result["json_bytes"] = os.path.getsize(json_path)
         return result

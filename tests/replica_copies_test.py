@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar import replica_copies
+from tfpar import replica_copy_files
 from tfpar import testing
 from tfpar.errors import DamagedStateError
 
@@ -60,8 +61,8 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         replica_copies.write(model, folder)
         # One process holds both replicas: one file, binary.
         self.assertEqual(os.listdir(folder), ["replicas-00000-00001-of-00002.npz"])
-        self.assertEqual(replica_copies.read_own(folder, [1, 0]).keys(), copies.keys())
-        for place, rows in replica_copies.read_own(folder, [1, 0]).items():
+        self.assertEqual(replica_copy_files.read_own(folder, [1, 0]).keys(), copies.keys())
+        for place, rows in replica_copy_files.read_own(folder, [1, 0]).items():
             self.assertAllEqual(rows.view(np.uint32), copies[place][::-1].view(np.uint32))
         fresh = self.trained(2)
         self.assertTrue(replica_copies.read(fresh, folder))
@@ -86,12 +87,12 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
     def test_files_that_do_not_cover_each_replica_once_are_refused(self):
         folder = os.path.join(self.get_temp_dir(), "torn")
         row = {3: np.zeros((2, 3), np.float32)}
-        replica_copies.write_own(folder, [0, 1], 4, row)  # Replicas 2 and 3 never wrote.
+        replica_copy_files.write_own(folder, [0, 1], 4, row)  # Replicas 2 and 3 never wrote.
         with self.assertRaisesRegex(DamagedStateError, r"do not cover each replica once \("
                                     r"replicas-00000-00001-of-00004\.npz\)"):
             replica_copies.read(self.trained(2), folder)
-        replica_copies.write_own(folder, [2, 3], 4, row)
-        self.assertLen(replica_copies.read_own(folder, [2, 3])[3], 2)
+        replica_copy_files.write_own(folder, [2, 3], 4, row)
+        self.assertLen(replica_copy_files.read_own(folder, [2, 3])[3], 2)
 
     def saved(self, replicas=2):
         """A trained model, the folder its copies were written to and the save's file list."""
@@ -136,7 +137,7 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
                          "file.")
         self.assertEqual(raised.exception.exit_status, 2)
         with self.assertRaisesRegex(DamagedStateError, "saved with this state is missing"):
-            replica_copies.read_mean(folder, written.files)  # On another number of replicas.
+            replica_copy_files.read_mean(folder, written.files)  # On another number of replicas.
 
     def test_every_worker_refuses_a_listed_file_missing_not_only_its_owner(self):
         # Worker 1 of 2 lost its file: worker 0, which reads only its own, refuses too, so
@@ -169,8 +170,8 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
     def test_a_file_whose_replicas_are_not_those_of_its_name_is_refused(self):
         folder = os.path.join(self.get_temp_dir(), "renamed")
         row = {3: np.zeros((2, 3), np.float32)}
-        replica_copies.write_own(folder, [0, 1], 4, row)
-        replica_copies.write_own(folder, [2, 3], 4, row)
+        replica_copy_files.write_own(folder, [0, 1], 4, row)
+        replica_copy_files.write_own(folder, [2, 3], 4, row)
         first, second = (os.path.join(folder, f"replicas-{a}-of-00004.npz")
                          for a in ("00000-00001", "00002-00003"))
         # Worker 1's file copied over worker 0's: it was read as replicas 0 and 1.
@@ -179,17 +180,17 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(DamagedStateError, re.escape(
                 f"The replicas' copies file {first} holds the copies of other replicas than "
                 "its name says (0 to 1)") + ".*Received: replicas \\[2, 3\\]\\.$"):
-            replica_copies.read_own(folder, [0, 1])
+            replica_copy_files.read_own(folder, [0, 1])
 
     def test_the_mean_refuses_files_that_hold_other_variables(self):
         # One file without variable 5: the mean divided the other file's partial sum by 4.
         folder = os.path.join(self.get_temp_dir(), "partial")
-        replica_copies.write_own(folder, [0, 1], 4, {3: np.ones((2, 3), np.float32),
+        replica_copy_files.write_own(folder, [0, 1], 4, {3: np.ones((2, 3), np.float32),
                                                       5: np.ones((2, 1), np.float32)})
-        replica_copies.write_own(folder, [2, 3], 4, {3: np.ones((2, 3), np.float32)})
+        replica_copy_files.write_own(folder, [2, 3], 4, {3: np.ones((2, 3), np.float32)})
         with self.assertRaisesRegex(DamagedStateError, "holds other variables than the other "
                                                        "files of its save"):
-            replica_copies.read_mean(folder)
+            replica_copy_files.read_mean(folder)
 
     def test_a_truncated_or_empty_file_is_refused_naming_it(self):
         for damage, error in (("truncated", "BadZipFile"), ("emptied", "EOFError")):
@@ -199,7 +200,7 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
                     data = f.read()
                 with open(written.path, "wb") as f:
                     f.write(data[:len(data) // 2] if damage == "truncated" else b"")
-                for files in (written.files, replica_copies.UNRECORDED):
+                for files in (written.files, replica_copy_files.UNRECORDED):
                     with self.assertRaisesRegex(DamagedStateError, re.escape(
                             f"The replicas' copies file {written.path} is not readable. A "
                             "restore reads each file its save wrote, as written; start over "
@@ -211,9 +212,9 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         big, small = np.float32(2.0**24), np.float32(1.0)
         # Replicas 2**24, 1, 1, -2**24 (the second file written first): a float32 sum in
         # replica order drops both ones (2**24 + 1 rounds to 2**24) and gives 0.
-        replica_copies.write_own(folder, [2, 3], 4, {5: np.array([[small], [-big]])})
-        replica_copies.write_own(folder, [0, 1], 4, {5: np.array([[big], [small]])})
-        mean = replica_copies.read_mean(folder)
+        replica_copy_files.write_own(folder, [2, 3], 4, {5: np.array([[small], [-big]])})
+        replica_copy_files.write_own(folder, [0, 1], 4, {5: np.array([[big], [small]])})
+        mean = replica_copy_files.read_mean(folder)
         self.assertEqual(list(mean), [5])
         self.assertEqual(mean[5].dtype, np.float32)
         self.assertAllEqual(mean[5], [[0.5]])  # (2**24 + 1 + 1 - 2**24) / 4, exactly.
@@ -273,7 +274,7 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(ValueError, r"are of variable 99; the model has"):
             replica_copies.scatter(model, {99: np.zeros((2, 3), np.float32)})
         with self.assertRaisesRegex(ValueError, "Not saved replicas' copies"):
-            replica_copies.decode_json({"3": {"values": [1.0]}})
+            replica_copy_files.decode_json({"3": {"values": [1.0]}})
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ worker takes part in saving (it may run collective ops), but only the chief writ
 ``directory``; the others write to a scratch folder they delete.
 
 It is a Keras callback, so resuming behaves the same under every strategy.
+
+Why one module of this length: it is one saver, :class:`EpochCheckpoint`, whose restore, two
+kinds of save and their commit share the state each crash state of the explorer
+(``tests/callbacks/crash_states_test.py``) checks; split, the order of its writes would be read
+across files.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import replica_copies
+from tfpar import replica_copy_files
 from tfpar import worker_contract
 from tfpar.callbacks import save_interval
 from tfpar.cluster import failures
@@ -257,7 +263,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             ).expect_partial()
             key = f"{self.FILE_LIST}/.ATTRIBUTES/py_state"
             files = (json.loads(_text(reader.get_tensor(key))) if key in saved
-                     else replica_copies.UNRECORDED)  # Saved before the files were listed.
+                     else replica_copy_files.UNRECORDED)  # Saved before the files were listed.
         epochs, self.resume_step = int(self.epochs_done.numpy()), int(self.steps_done.numpy())
         self._last_number = _number_of(latest)
         self._restore_replica_copies(os.path.basename(latest), files)
@@ -340,10 +346,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
         try:
             if replica_copies.read(self._model, path, self._strategy, files):
                 return
-            if files is not replica_copies.UNRECORDED:
+            if files is not replica_copy_files.UNRECORDED:
                 return  # Every replica's copy was the same: the checkpoint holds it.
             with open(f"{path}.json", encoding="utf-8") as f:  # Saved by tfpar 0.3.
-                copies = replica_copies.decode_json(json.load(f))
+                copies = replica_copy_files.decode_json(json.load(f))
         except FileNotFoundError:
             return  # Every replica's copy was the same: the checkpoint holds it.
         except DamagedStateError:

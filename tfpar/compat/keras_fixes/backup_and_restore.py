@@ -38,6 +38,9 @@ Fails without it: ``tests/compat/keras_fixes_test.py`` (``BackupAndRestoreTest``
 with BatchNorm and Dropout, and ``TornBackupTest``, a kill inside each window of a save).
 Keras 3.16: still needed (the test above fails on the preview 3.16.0.dev2026102704 without
 the fix).
+
+Why one module of this length: it is one fix of one Keras callback, each of its wrappers a
+method Keras calls, and every wrapper must change with the same Keras version gate.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from absl import logging
 
 from tfpar import atomic_io
 from tfpar import replica_copies
+from tfpar import replica_copy_files
 from tfpar import worker_contract
 from tfpar.compat import mid_epoch_resume
 from tfpar.compat.keras_fixes.fix import Fix
@@ -227,9 +231,9 @@ def _restore_state_beyond_weights(callback: Any, metadata: dict[str, Any]) -> No
     if GENERATION_KEY in metadata:
         folder = os.path.join(callback.backup_dir, _COPIES_DIR, str(metadata[GENERATION_KEY]))
         replica_copies.read(model, folder,
-                            files=metadata.get(FILES_KEY, replica_copies.UNRECORDED))
+                            files=metadata.get(FILES_KEY, replica_copy_files.UNRECORDED))
     else:  # Saved by tfpar 0.3.
-        replica_copies.scatter(model, replica_copies.decode_json(
+        replica_copies.scatter(model, replica_copy_files.decode_json(
             metadata.get(REPLICA_COPIES_KEY, {})))
 
 
