@@ -7,8 +7,9 @@ bookkeeping (:class:`JobState`: slots, failures so far, restarts allowed, ports 
 the next step (:func:`decide`): exit with a status, or start another round, with new ports (a
 port taken), maybe with fewer workers (a slot lost) or more (lost slots rejoining, when
 :func:`growth_due` says so during a round). Each decision carries the one line the launcher
-prints for it, so the policy, its words and its tests live together, with no processes (its
-table test runs in well under a second).
+prints for it, written by :mod:`.restart_lines` from what the rule decided, so a rule and the
+line it gives are tested together, with no processes (the table test runs in well under a
+second).
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import signal
 
 from tfpar.cluster import elastic
-from tfpar.errors import SIGNALLED
+from tfpar.cluster import restart_lines as lines
 from tfpar.errors import ExitStatus
-from tfpar.worker_contract import position_words
 
 
 class Outcome(enum.Enum):
@@ -161,14 +160,6 @@ failure."""
 NO_RESTART = (ExitStatus.SUCCESS, ExitStatus.BAD_INPUT)
 
 
-def _workers(count: int) -> str:
-    return f"{count} worker{'s' * (count != 1)}"
-
-
-def _listed(slots: list[int]) -> str:
-    return ", ".join(map(str, slots))
-
-
 def decide(result: RoundResult, progress: Progress, state: JobState) -> Decision:
     """The launcher's next step after a round (pure: ``state`` is not changed).
 
@@ -220,7 +211,8 @@ class _Round:
 
     def start(self, which: str) -> Decision:
         """Start another round; ``which`` says what starts, the line adds where it resumes."""
-        return Decision(Action.START, 0, _start_line(which, self.progress, self.folder),
+        return Decision(Action.START, 0, lines.start_line(which, self.progress.after,
+                                                          self.folder),
                         dataclasses.replace(self.state, slots=self.slots,
                                             failures=self.failures, port_attempts=0))
 
@@ -253,7 +245,9 @@ def _launcher_notice(after: _Round) -> Decision | None:
     status = (notice_status(list(result.statuses),
                             started=progress.recorded or not after.state.program)
               if result.statuses else result.status)
-    return after.exit(status, _notice_line(result, status, progress, after.folder, after.slots))
+    return after.exit(status, lines.notice_line(
+        status, result.statuses, result.work_lost, result.workers_ran, progress.after,
+        after.folder, after.slots))
 
 
 def _growing(after: _Round) -> Decision | None:
@@ -261,9 +255,9 @@ def _growing(after: _Round) -> Decision | None:
     if after.result.outcome is not Outcome.GROWING:
         return None
     after.failures = 0  # A fresh budget of restarts at the new size.
-    size = _workers(len(after.slots.running) + len(after.slots.lost))
+    size = lines.workers(len(after.slots.running) + len(after.slots.lost))
     back = after.slots.rejoin()
-    return after.start(f"growing back to {size} (slot {_listed(back)} "
+    return after.start(f"growing back to {size} (slot {lines.listed(back)} "
                        f"{'rejoins' if len(back) == 1 else 'rejoin'})")
 
 
@@ -280,9 +274,10 @@ def _refused_size(after: _Round) -> Decision | None:
     if aside is None:
         return None
     sizes = " or ".join(str(n) for n in sorted(slots.sizes, reverse=True))
-    return after.start(f"{_workers(count)} cannot run the job (it runs with {sizes} workers, "
-                       f"its chief declared): slot {_listed(sorted(aside))} set aside; going on "
-                       f"with {_workers(len(slots.running))} of {slots.maximum}")
+    return after.start(f"{lines.workers(count)} cannot run the job (it runs with {sizes} "
+                       f"workers, its chief declared): slot {lines.listed(sorted(aside))} set "
+                       f"aside; going on with {lines.workers(len(slots.running))} of "
+                       f"{slots.maximum}")
 
 
 def _finished(after: _Round) -> Decision | None:
@@ -294,9 +289,10 @@ def _finished(after: _Round) -> Decision | None:
         return None
     line = None
     if result.outcome is Outcome.PREEMPTED:
-        line = (_lost_notice_line(result, after.progress, after.folder, after.slots)
-                if result.work_lost
-                else _saved_notice_line(result, after.progress, after.folder, after.slots))
+        line = (lines.lost_notice_line(_losers(result, after.slots), after.progress.after,
+                                       after.folder) if result.work_lost
+                else lines.saved_notice_line(result.status, result.statuses,
+                                             after.progress.after, after.folder, after.slots))
     return after.exit(result.status, line)
 
 
@@ -315,6 +311,17 @@ def _preempted(after: _Round) -> Decision | None:
                        + _rejoining(after.slots))
 
 
+def _losers(result: RoundResult, slots: elastic.WorkerSlots) -> str:
+    """The workers whose save ran out of grace, in words (the first seen to stop, where no
+    record names them)."""
+    return lines.losers(result.lost_by or (result.rank,), slots)
+
+
+def _set_aside(slots: elastic.WorkerSlots, before: int) -> str:
+    """The slots a loss set aside beyond the failed one, in words (none: empty)."""
+    return lines.set_aside_words(slots.set_aside[before:], slots.sizes or ())
+
+
 def _failed(after: _Round) -> Decision:
     """A failure (or a preemption that saved nothing new): a rejoining slot that fails is lost
     again without a restart used; else a restart is counted, and once they are used up the
@@ -327,108 +334,25 @@ def _failed(after: _Round) -> Decision:
     if slot in slots.rejoining and not progress.made:  # A trial: no restart used.
         slots.lose(slot, epochs_done)
         return after.start(f"slot {slot} failed again on rejoining, so it is lost"
-                           + _set_aside(slots, aside) + _next_try(slots, after.folder)
-                           + f"; going on with {_workers(len(slots.running))} of "
+                           + _set_aside(slots, aside)
+                           + lines.next_try(slots.next_try_epochs, after.folder)
+                           + f"; going on with {lines.workers(len(slots.running))} of "
                            f"{slots.maximum}")
     after.failures += 1
     if after.failures <= max_restarts:
         return after.start(f"restart {after.failures} of {max_restarts}: starting every worker "
                            "again" + _rejoining(slots))
     if not slots.can_lose(slot):
-        return after.exit(result.status, _end_line(slots, slot, max_restarts, result.status))
+        return after.exit(result.status,
+                          lines.end_line(slots, slot, max_restarts, result.status))
     count = len(slots.running)
     slots.lose(slot, epochs_done)
     after.failures = 0
-    return after.start(f"the restarts at {_workers(count)} are used up ({max_restarts} of "
+    return after.start(f"the restarts at {lines.workers(count)} are used up ({max_restarts} of "
                        f"{max_restarts}): slot {slot} is lost" + _set_aside(slots, aside)
-                       + _next_try(slots, after.folder) + "; going on with "
-                       f"{_workers(len(slots.running))} of {slots.maximum} (at least "
-                       f"{slots.minimum}) at the same global batch")
-
-
-def _start_line(which: str, progress: Progress, folder: str | None) -> str:
-    """The line of a new round: what starts (``which``), and where it resumes."""
-    if progress.after is None:
-        return (f"launcher: {which}; the command resumes by itself." if folder is None else
-                f"launcher: {which}, resuming from what {folder} holds.")
-    if progress.after != (0, 0):
-        return (f"launcher: {which}, resuming from {position_words(progress.after)} in "
-                f"{folder}.")
-    return f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."
-
-
-def _who(rank: int, slots: elastic.WorkerSlots) -> str:
-    return elastic.worker_words(rank, slots.running)
-
-
-def _where(progress: Progress, folder: str | None) -> str:
-    """Where the folder resumes, in words (empty where unknown, or nothing is saved)."""
-    if progress.after is None or progress.after == (0, 0) or folder is None:
-        return ""
-    return f"{position_words(progress.after)} in {folder}"
-
-
-def _lost_since(progress: Progress, folder: str | None) -> str:
-    """Where a rerun resumes and that the training since is lost, in words."""
-    where = _where(progress, folder)
-    if where:
-        return f"a rerun resumes at {where}, and the training since is lost"
-    if progress.after == (0, 0) and folder is not None:
-        return f"nothing was saved in {folder} yet, so a rerun starts from scratch"
-    return "the training since the last complete state is lost"
-
-
-def _lost_notice_line(result: RoundResult, progress: Progress, folder: str | None,
-                      slots: elastic.WorkerSlots) -> str:
-    """The last line after a worker's own notice whose save ran out of grace."""
-    return (f"launcher: preempted; {_losers(result, slots)} could not save the notice's "
-            f"state within the grace budget: {_lost_since(progress, folder)}.")
-
-
-def _losers(result: RoundResult, slots: elastic.WorkerSlots) -> str:
-    """The workers whose save ran out of grace, in words (the first seen to stop, where no
-    record names them)."""
-    return " and ".join(_who(rank, slots) for rank in (result.lost_by or (result.rank,)))
-
-
-def _saved_notice_line(result: RoundResult, progress: Progress, folder: str | None,
-                       slots: elastic.WorkerSlots) -> str:
-    """The last line after a worker's own notice, not restarted: the status, where the folder
-    resumes, and any other worker that ended otherwise than saving or finishing."""
-    where = _where(progress, folder)
-    others = [f"{_who(rank, slots)} exited with {s}" for rank, s in enumerate(result.statuses)
-              if s not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED)]
-    return (f"launcher: preempted; exiting with {result.status}"
-            + (f", the state saved at {where}" if where else "")
-            + (f" ({', '.join(others)})" if others else "") + ".")
-
-
-def _notice_line(result: RoundResult, status: int, progress: Progress, folder: str | None,
-                 slots: elastic.WorkerSlots) -> str:
-    """The last line after a notice to the launcher, ending it with ``status``: the workers'
-    real statuses and where the folder resumes."""
-    where, lost = _where(progress, folder), _lost_since(progress, folder)
-    if result.work_lost:
-        return (f"launcher: preempted; the workers exited with {status}, but the notice's "
-                f"state could not be saved within the grace budget: {lost}.")
-    if status not in (ExitStatus.SUCCESS, ExitStatus.PREEMPTED):
-        why = {_KILLED_PAST_GRACE: "killed past the grace budget",
-               _ENDED_BY_THE_NOTICE: "ended by the notice's SIGTERM without saving: the "
-                                     "command does not save on a notice"}.get(status)
-        return (f"launcher: preempted; the workers exited with {status}"
-                + (f" ({why})" if why else "") + f": {lost}.")
-    saved = f", the state saved at {where}" if where else ""
-    if not result.workers_ran:  # Taken between rounds (or before the first).
-        return f"launcher: preempted; exiting with {status}{saved}: no worker was running."
-    starting = [rank for rank, s in enumerate(result.statuses) if s == _ENDED_BY_THE_NOTICE]
-    if not starting:
-        return f"launcher: preempted; the workers exited with {status}{saved}."
-    who = " and ".join(_who(rank, slots) for rank in starting)
-    they = "they" if len(starting) > 1 else "it"
-    return (f"launcher: preempted; exiting with {status}{saved}: {who} "
-            f"{'were' if len(starting) > 1 else 'was'} ended by the notice while starting (exit "
-            f"{_ENDED_BY_THE_NOTICE}), before {they} watched for notices, with nothing to "
-            "save.")
+                       + lines.next_try(slots.next_try_epochs, after.folder)
+                       + f"; going on with {lines.workers(len(slots.running))} of "
+                       f"{slots.maximum} (at least {slots.minimum}) at the same global batch")
 
 
 def growth_due(progress: Progress, slots: elastic.WorkerSlots) -> str | None:
@@ -453,42 +377,8 @@ def growth_due(progress: Progress, slots: elastic.WorkerSlots) -> str | None:
 def _rejoining(slots: elastic.WorkerSlots) -> str:
     """Puts lost slots back for the next round (of this decision's copy); their words."""
     back = slots.rejoin()
-    return (f" with {_workers(len(slots.running))}, slot {_listed(back)} rejoining" if back
-            else "")
-
-
-def _set_aside(slots: elastic.WorkerSlots, before: int) -> str:
-    """The slots a loss set aside beyond the failed one, in words (none: empty)."""
-    new = slots.set_aside[before:]
-    if not new:
-        return ""
-    sizes = " or ".join(str(n) for n in sorted(slots.sizes or (), reverse=True))
-    return (f" and slot {_listed(new)} set aside with it (the job runs with {sizes} "
-            "workers)")
-
-
-def _next_try(slots: elastic.WorkerSlots, model_dir: str | None) -> str:
-    return (f" (tried again after epoch {slots.next_try_epochs} or at a restart)"
-            if model_dir is not None else " (tried again at a restart)")
-
-
-def _end_line(slots: elastic.WorkerSlots, slot: int, max_restarts: int, status: int) -> str:
-    """The last line when the restarts are used up and ``slot`` cannot be lost."""
-    used = f"({max_restarts} of {max_restarts})"
-    if not slots.elastic:
-        return (f"launcher: restarts used up {used}; exiting with the failed worker's status "
-                f"({status}).")
-    return (f"launcher: the restarts at {_workers(len(slots.running))} are used up {used} and "
-            f"without slot {slot} {_workers(len(slots.running) - 1)} would be left, fewer than "
-            f"the minimum of {slots.minimum}; exiting with the failed worker's status "
-            f"({status}).")
-
-
-# A worker the notice itself ended before it watched for notices (still starting): it had
-# nothing new to save, and the state saved before is intact. Once training began (the chief
-# recorded progress), the same status is a worker killed by the notice without saving.
-_ENDED_BY_THE_NOTICE = SIGNALLED + signal.SIGTERM
-_KILLED_PAST_GRACE = SIGNALLED + signal.SIGKILL
+    return (f" with {lines.workers(len(slots.running))}, slot {lines.listed(back)} rejoining"
+            if back else "")
 
 
 def notice_status(statuses: list[int], started: bool = False) -> int:
@@ -504,7 +394,7 @@ def notice_status(statuses: list[int], started: bool = False) -> int:
             worker the notice's SIGTERM ended then was killed without saving.
     """
     excused = (ExitStatus.SUCCESS, ExitStatus.PREEMPTED,
-               *(() if started else (_ENDED_BY_THE_NOTICE,)))
+               *(() if started else (lines.ENDED_BY_THE_NOTICE,)))
     others = [s for s in statuses if s not in excused]
     if others:
         return max(others)
