@@ -21,6 +21,9 @@
 
 Every record is written whole (:mod:`tfpar.atomic_io`), and every reader gives a record or
 ``None``, never an error: a record is help for the launcher, not a need.
+
+Why one module of this length: it is the contract between two programs, kept in one place so
+that neither side's reading of a file or a variable can drift from the other's.
 """
 
 from __future__ import annotations

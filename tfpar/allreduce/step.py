@@ -39,6 +39,10 @@ that changes what ``apply`` does around ``update_step`` (a class overriding thos
 
 Everything else is Keras's ``fit``: compiled losses and metrics (any, per output), sample and
 class weights, validation, callbacks, ``steps_per_execution``, ``evaluate`` and ``predict``.
+
+Why one module of this length: the step is one argument, that every example weighs the same on
+any split; its checks of the loss and optimizer, the replica's objective and the update read
+together, in the order the step runs them.
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ at its next step boundary.
 A process that stops for a notice exits with :data:`PREEMPTED_EXIT_STATUS`, distinct from a
 failure, so a launcher, ``sbatch --requeue`` script or Kubernetes ``podFailurePolicy`` can tell a
 preemption (run it again: it resumes) from a crash or bad input.
+
+Why one module of this length: a notice's life (the signal, the grace budget, the step every
+worker agrees on, the lines a stop says) is one state machine, :class:`Notice`, with
+:class:`StopStep`, the agreement it waits on; the signal's handler itself is
+:mod:`.signal_router`'s.
 """
 
 from __future__ import annotations

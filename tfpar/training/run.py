@@ -4,6 +4,10 @@ A :class:`TrainConfig` says what to train (model, dataset, optimizer, epochs) an
 (a registry strategy). :func:`train_on_devices` runs it on one device set and returns a
 :class:`RunResult` with test accuracy and timing; :func:`train_each` does that for every device
 set in turn (e.g. one device, then two).
+
+Why one module of this length: one run on one device set, from the strategy to the results
+row (its callbacks, its data, its resume point), reads in the order it happens; what the
+command line, the recommendations and the report add live in their own modules.
 """
 
 from __future__ import annotations
