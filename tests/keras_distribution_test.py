@@ -127,11 +127,18 @@ class KerasDistributionTest(testing.StrategyTestCase):
                 keras_distribution.DataParallel(device_mesh=mesh)),
             lambda: keras.distribution.distribute_tensor(
                 tf.ones((4, 2)), keras.distribution.TensorLayout(["batch", None], mesh)),
+            # A distribution of a user's own (here Keras's base class): refused as what it
+            # is, not as one that shards.
+            lambda: keras.distribution.set_distribution(
+                keras.distribution.DataParallel.__mro__[1](keras.distribution.DeviceMesh(
+                    (4,), ["batch"], mesh.devices.ravel()))),
             lambda: keras.distribution.initialize(num_processes=2, process_id=0),
         ]
         for refuse in refused:
             with self.assertRaises(ConfigError) as caught:
                 refuse()
+            if "Received: Distribution" in str(caught.exception):
+                self.assertNotIn("shards", str(caught.exception))
             self.assertNotIn("\n", str(caught.exception))
             self.assertIsNone(keras.distribution.distribution())
             self.assertFalse(tf.distribute.has_strategy())

@@ -234,10 +234,12 @@ def strategy_of(distribution: Any) -> tf.distribute.Strategy:
     if not isinstance(distribution, _DISTRIBUTION):
         raise ConfigError(f"set_distribution takes a keras.distribution.Distribution; tfpar "
                           f"runs {_SUPPORTED}. Received: {distribution!r}.")
-    if not isinstance(distribution, keras.distribution.DataParallel):
+    if isinstance(distribution, keras.distribution.ModelParallel):
         raise ConfigError(f"tfpar runs {_SUPPORTED}; {type(distribution).__name__} shards "
                           "variables or tensors, which it cannot. Received: "
                           f"{type(distribution).__name__}.")
+    if not isinstance(distribution, keras.distribution.DataParallel):
+        raise ConfigError(f"tfpar runs {_SUPPORTED}. Received: {type(distribution).__name__}.")
     mesh = distribution.device_mesh
     if mesh.devices.ndim != 1:
         raise ConfigError(f"tfpar runs {_SUPPORTED}. Received: a mesh of shape "

@@ -84,8 +84,8 @@ class MultiWorkerInvarianceTest(tf.test.TestCase, parameterized.TestCase):
             self, api):
         # 4 workers, at least 2; slot 2 dies inside epoch 2. 3 workers cannot cut 4 shards, so
         # slot 3 is set aside too: 2 go on from the end of epoch 1, and once they saved epoch 2
-        # all 4 run again (unless the 2 end the job first). The weights are those of one process on 4 devices, through the entry
-        # or through keras.distribution.DataParallel.
+        # all 4 run again (unless the 2 end the job first). The weights are those of one process
+        # on 4 devices, through the entry or through keras.distribution.DataParallel.
         base = self.get_temp_dir()
         expected = self.one_process(base)
         folder = os.path.join(base, "launched")

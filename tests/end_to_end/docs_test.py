@@ -117,6 +117,10 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         result = run_python(block("keras_distribution_options"), self.get_temp_dir())
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("'virtual_replicas': 4", result.stdout)
+        # The data-parallel section of keras.io's distribution guide, tfpar's lines added.
+        result = run_python(block("keras_io_guide_data_parallel"), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertEqual(result.stdout.split("\n")[:2], ["['cpu:0', 'cpu:1']", "2"])
 
     @classmethod
     def defined_flags(cls) -> dict[str, set[str]]:
