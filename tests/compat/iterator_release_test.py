@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfpar import testing
 from tfpar.compat import iterator_release
+from tfpar.compat import versions
 
 # The entries tfpar builds a strategy class for, in this process ("default" is TensorFlow's).
 ENTRIES = ("one_device", "mirrored", "central_storage", "allreduce")
@@ -89,7 +90,8 @@ class IteratorReleaseTest(testing.StrategyTestCase):
         strategy = self.strategy("mirrored", 2)
         losses = []
         for release in (True, False):
-            with mock.patch.object(iterator_release, "applies", lambda release=release: release):
+            with mock.patch.object(iterator_release, "skip_reason",
+                                   lambda release=release: None if release else "off"):
                 with strategy.scope():
                     model = testing.tiny_model()
                     model.set_weights([np.full(w.shape, 0.1, w.dtype)
@@ -101,7 +103,9 @@ class IteratorReleaseTest(testing.StrategyTestCase):
     def test_not_applied_outside_the_verified_tensorflow(self):
         strategy = self.strategy("mirrored", 2)
         with mock.patch.object(iterator_release, "_tensorflow_version", lambda: "2.99.0"):
-            self.assertFalse(iterator_release.applies())
+            self.assertEqual(iterator_release.skip_reason(),
+                             "TensorFlow 2.99.0 is outside 2.16 to 2.21, and the preview "
+                             f"{versions.PREVIEWS['tensorflow']}")
             dataset = strategy.experimental_distribute_dataset(
                 tf.data.Dataset.range(8).batch(2))
         self.assertFalse(getattr(dataset, "_tfpar_releases_iterators", False))

@@ -475,7 +475,8 @@ class StopStep:
         self._key = f"{_KEY_PREFIX}/{run}/stop_after"
         self._ack = f"{_KEY_PREFIX}/{run}/acknowledged/"
         self._task, self._num_workers = task, num_workers
-        self._coordinated = num_workers > 1 and coordination_values.available()
+        self._coordinated = (num_workers > 1
+                             and coordination_values.skip_reason() is None)
         self._announced = threading.Event()  # Some worker's announcement has been read.
         self._value: str | None = None
         self._stop_after: int | None = None

@@ -27,6 +27,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
+from tfpar.compat import class_patch
 from tfpar.compat import versions
 
 VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
@@ -50,10 +51,5 @@ def assigned_when_traced() -> Iterator[None]:
     Calls of functions traced before are unaffected. Only where :func:`skip_reason` is
     ``None``; the caller checks.
     """
-    launcher = _launcher_class()
-    before = getattr(launcher, _SWITCH)
-    setattr(launcher, _SWITCH, False)
-    try:
+    with class_patch.attribute_set(_launcher_class(), _SWITCH, False):
         yield
-    finally:
-        setattr(launcher, _SWITCH, before)

@@ -47,6 +47,14 @@ def check_heartbeat_timeout(seconds: float | None) -> None:
                           f"{{argument}}={seconds!r}.", argument="heartbeat_timeout")
 
 
+def skip_reason() -> str | None:
+    """Why the coordination service is left as TensorFlow configures it (``None``: tfpar
+    configures it)."""
+    import tensorflow as tf
+
+    return versions.tensorflow_skip_reason(tf.__version__)
+
+
 def configure(cluster_spec, task_type: str, heartbeat_timeout: float | None,
               register_timeout: float) -> None:
     """Configures the coordination service the strategy will use; call it before building the
@@ -65,15 +73,14 @@ def configure(cluster_spec, task_type: str, heartbeat_timeout: float | None,
             range.
     """
     check_heartbeat_timeout(heartbeat_timeout)
-    import tensorflow as tf
-
-    if not versions.tensorflow_verified(tf.__version__):
+    reason = skip_reason()
+    if reason is not None:
         if heartbeat_timeout is None:
             return  # TensorFlow's own configuration, and its own waits.
         raise ConfigError(
             f"{{argument}} is set through TensorFlow internals verified on TensorFlow "
-            f"{versions.tensorflow_range_text()}; this is {tf.__version__}. Leave it unset "
-            "(TensorFlow's default, 10 s).", argument="heartbeat_timeout")
+            f"{versions.tensorflow_range_text()} ({reason}). Leave it unset (TensorFlow's "
+            "default, 10 s).", argument="heartbeat_timeout")
     context = importlib.import_module("tensorflow.python.eager.context").context()
     if context.coordination_service is not None or task_type not in COORDINATED_JOBS:
         return  # Configured already (a second strategy in this process): TensorFlow's rule.

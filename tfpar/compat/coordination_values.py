@@ -9,7 +9,7 @@ process itself); the store it uses has no public API. ``tensorflow.python.eager.
 ``set_config_key_value`` (fails with ``AlreadyExistsError`` when the key exists) and
 ``get_config_key_value`` (blocks, releasing Python's interpreter, until the key exists or
 the timeout passes) are imported here only, behind :data:`VERIFIED_TENSORFLOW`; elsewhere
-:func:`available` is false and a job's workers stop on their own notices only.
+:func:`skip_reason` says why, and a job's workers stop on their own notices only.
 ``tests/end_to_end/preempted_jobs_test.py`` signals one worker of a job and checks that every
 worker stops at the same step (without the store, the other would wait in the next step's
 collective).
@@ -25,11 +25,11 @@ from tfpar.compat import versions
 VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
 
 
-def available() -> bool:
-    """Whether this TensorFlow's key-value store is used (a verified version)."""
+def skip_reason() -> str | None:
+    """Why this TensorFlow's key-value store is not used (``None``: it is)."""
     import tensorflow as tf
 
-    return versions.tensorflow_verified(tf.__version__)
+    return versions.tensorflow_skip_reason(tf.__version__)
 
 
 def _context() -> Any:

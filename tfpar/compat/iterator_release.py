@@ -53,18 +53,11 @@ def _tensorflow_version() -> str:
     return tf.__version__
 
 
-def _skip_reason() -> str | None:
+def skip_reason() -> str | None:
+    """Why iterators are not freed in the background here (``None``: they are)."""
     if os.environ.get(MODE_ENV, "") == "off":
         return f"{MODE_ENV}=off"
-    if not versions.tensorflow_verified(_tensorflow_version()):
-        return f"TensorFlow {_tensorflow_version()} is outside {versions.tensorflow_range_text()}"
-    return None
-
-
-def applies() -> bool:
-    """Whether iterators are freed in the background (this TensorFlow, and ``MODE_ENV``
-    not ``off``)."""
-    return _skip_reason() is None
+    return versions.tensorflow_skip_reason(_tensorflow_version())
 
 
 class _Releaser:
@@ -130,7 +123,7 @@ _releaser = _Releaser()
 
 def status() -> dict[str, str]:
     """What ``tfpar-env`` reports: whether input iterators are freed in the background here."""
-    reason = _skip_reason()
+    reason = skip_reason()
     return {"applied": f"no: {reason}" if reason else "yes, by the strategies tfpar builds",
             "what": "tf.data iterators freed off the training thread, so fit calls and "
                     "epochs do not wait for the input pipeline's autotuning thread"}
@@ -179,7 +172,7 @@ def releasing_iterators(dataset: Any) -> Any:
     iterator elsewhere or wakes the autotuning thread; applied on :data:`VERIFIED_TENSORFLOW`
     only (``tests/compat/iterator_release_test.py`` fails without it).
     """
-    if not applies() or getattr(dataset, "_tfpar_releases_iterators", False):
+    if skip_reason() is not None or getattr(dataset, "_tfpar_releases_iterators", False):
         return dataset
     try:
         dataset.__class__ = _releasing_class(dataset.__class__)

@@ -33,8 +33,13 @@ from tfpar.compat import versions
 from tfpar.errors import ConfigError
 
 
+def skip_reason() -> str | None:
+    """Why the Keras state below cannot be read on this Keras (``None``: it can)."""
+    return versions.keras_skip_reason(keras.version())
+
+
 def _internal(owner: Any, attribute: str, feature: str) -> Any:
-    reason = versions.keras_skip_reason(keras.version())
+    reason = skip_reason()
     if reason is None and hasattr(owner, attribute):
         return getattr(owner, attribute)
     why = reason or f"Keras {keras.version()} has no {type(owner).__name__}.{attribute}"

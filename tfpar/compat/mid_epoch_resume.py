@@ -30,9 +30,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfpar.compat import versions
 from tfpar.errors import ConfigError
 
 _pending = threading.local()  # .step: where the next epoch iterated in this thread begins.
+
+
+def skip_reason() -> str | None:
+    """Why ``fit`` cannot start a resumed epoch at a step on this Keras (``None``: it can; the
+    wrapper is installed with the Keras fixes, behind the same gate)."""
+    return versions.keras_skip_reason(keras.version())
 
 
 def start_next_epoch_at(step: int) -> None:

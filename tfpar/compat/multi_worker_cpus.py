@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
+from tfpar.compat import class_patch
 from tfpar.compat import versions
 
 VERIFIED_TENSORFLOW = versions.VERIFIED_TENSORFLOW
@@ -53,14 +54,8 @@ def local_cpu_devices(names: Sequence[str]) -> Iterator[None]:
     Args:
         names: The devices, as TensorFlow names them in a process (``/device:CPU:1``).
     """
-    extended = _extended_class()
-    taken = extended.__dict__[_METHOD]
-
     def cpus(self, cluster_resolver, worker_device):
         return tuple(f"{worker_device}{name}" for name in names), "CPU"
 
-    setattr(extended, _METHOD, cpus)
-    try:
+    with class_patch.attribute_set(_extended_class(), _METHOD, cpus):
         yield
-    finally:
-        setattr(extended, _METHOD, taken)

@@ -21,13 +21,18 @@ _MODULE = "_pywrap_util_port"
 _MEMBER = "IsMklEnabled"
 
 
+def skip_reason() -> str | None:
+    """Why TensorFlow cannot be asked whether it runs oneDNN here (``None``: it can)."""
+    return versions.tensorflow_member_skip_reason(_PACKAGE, _MODULE, _MEMBER)
+
+
 def tensorflow_runs_onednn() -> bool | None:
     """Whether the TensorFlow of this process runs its oneDNN kernels, as it decided when it
     started; ``None`` where it has not been imported, or cannot be asked on this version."""
     if "tensorflow" not in sys.modules:
         return None
     try:
-        if versions.tensorflow_member_skip_reason(_PACKAGE, _MODULE, _MEMBER) is not None:
+        if skip_reason() is not None:
             return None
         return bool(getattr(getattr(importlib.import_module(_PACKAGE), _MODULE), _MEMBER)())
     except (ImportError, AttributeError):

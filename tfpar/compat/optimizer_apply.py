@@ -56,13 +56,19 @@ APPLY_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients", "_backe
 APPLY_METHODS_SINCE = {"_backend_maybe_overwrite_model_variables": (3, 16)}
 
 
+def skip_reason() -> str | None:
+    """Why the mirror of Keras's ``Optimizer.apply`` is not used on this Keras (``None``: it
+    is)."""
+    return versions.keras_skip_reason(keras.version())
+
+
 def overridden_methods(optimizer: keras.optimizers.Optimizer) -> list[str]:
     """The methods of :data:`APPLY_METHODS` that ``optimizer``'s class overrides.
 
     Raises:
         ConfigError: On a Keras outside the verified versions (the mirror may be stale).
     """
-    reason = versions.keras_skip_reason(keras.version())
+    reason = skip_reason()
     if reason is not None:
         raise ConfigError(
             "The all-reduce step mirrors Keras's Optimizer.apply as of Keras "

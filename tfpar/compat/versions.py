@@ -71,6 +71,21 @@ def tensorflow_range_text() -> str:
             f"and the preview {PREVIEWS['tensorflow']}")
 
 
+def tensorflow_skip_reason(tensorflow_version: str) -> str | None:
+    """Why TensorFlow workarounds are not used on ``tensorflow_version`` (``None``: they are).
+
+    Args:
+        tensorflow_version: ``tf.__version__``.
+
+    Returns:
+        ``None`` inside the verified range (or on the preview CI runs); otherwise the reason, in
+        words for a log line or an error.
+    """
+    if tensorflow_verified(tensorflow_version):
+        return None
+    return f"TensorFlow {tensorflow_version} is outside {tensorflow_range_text()}"
+
+
 def tensorflow_member_skip_reason(module: str, owner: str, member: str) -> str | None:
     """Why a workaround that uses ``owner.member`` of TensorFlow's private ``module`` does not
     apply here (``None``: it does). The module is imported only inside the verified range.

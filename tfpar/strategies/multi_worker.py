@@ -114,7 +114,7 @@ def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolve
     Raises:
         ConfigError: If some worker has another number of devices (one line naming each).
     """
-    if not coordination_values.available():
+    if coordination_values.skip_reason() is not None:
         return
     cluster = resolver.cluster_spec().as_dict()
     tasks = [(job, index) for job in ("chief", "worker")
