@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from slurm_test import outputs_of
 from slurm_test import srun_environment
 
 from tfpar import keras_distribution
@@ -221,11 +222,7 @@ class AcrossProcessesTest(tf.test.TestCase):
                      else indexed_job_pods.IndexedJobPods(self.get_temp_dir()))
             with place:
                 tasks = [self.start(place, rank, command, base) for rank in range(2)]
-                try:
-                    outputs = [task.communicate(timeout=240)[0] for task in tasks]
-                finally:
-                    for task in tasks:
-                        task.kill()
+                outputs = outputs_of(tasks)
             for task, out in zip(tasks, outputs):
                 self.assertEqual(task.returncode, 0, out[-3000:])
                 self.assertIn("devices cpu:0 cpu:1", out)

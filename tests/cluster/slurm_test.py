@@ -29,6 +29,15 @@ def srun_environment(job_id="4242", rank=0, tasks=2, nodes="localhost", per_node
             "SLURM_STEP_TASKS_PER_NODE": per_node, **more}
 
 
+def outputs_of(tasks: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    """Each task's output once it exited (every task killed if one overruns ``timeout``)."""
+    try:
+        return [task.communicate(timeout=timeout)[0] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+
+
 def stand_in_nvidia_smi(directory: str, gpus: int) -> str:
     """An ``nvidia-smi`` that lists ``gpus`` GPUs, in ``directory`` (for PATH)."""
     path = os.path.join(directory, "nvidia-smi")
@@ -236,11 +245,7 @@ class EmulatedSrunTest(tf.test.TestCase):
                          json.dumps({"cluster": "slurm", "cluster_timeout": 120})],
                         env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True, preexec_fn=network.enter))
-        try:
-            outputs = [task.communicate(timeout=240)[0] for task in tasks]
-        finally:
-            for task in tasks:
-                task.kill()
+        outputs = outputs_of(tasks)
         for task, output in zip(tasks, outputs):
             self.assertEqual(task.returncode, 0, output[-3000:])
         reference.fit(multi_worker_worker.dataset(24), verbose=0, shuffle=False)
