@@ -33,6 +33,7 @@ synchronized BatchNorm (it normalises over the global batch, not a shard: refuse
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -166,6 +167,24 @@ def start_lines(replicas: int, devices: Sequence[str]) -> list[str]:
     return lines
 
 
+@dataclasses.dataclass
+class _StepStart:
+    """What every shard of a step starts from: the variables layers assign in their call (not
+    the random generators) and the generators, with their values at the step's start."""
+
+    assigned: list
+    at_start: list
+    seeds: list
+    seeds_at_start: list
+
+    @classmethod
+    def of(cls, model: keras.Model, seeds: list) -> _StepStart:
+        seed_ids = {id(v) for v in seeds}
+        assigned = [v for v in model.non_trainable_variables if id(v) not in seed_ids]
+        return cls(assigned, [tf.identity(v.value) for v in assigned], seeds,
+                   [tf.identity(v.value) for v in seeds])
+
+
 def train_step(model: keras.Model, options: StepOptions, data: Any,
                step: Any) -> tuple[list, tf.Tensor]:
     """This replica's shards, combined in the fixed order with every other replica's.
@@ -186,22 +205,26 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     """
     context = tf.distribute.get_replica_context()
     replicas, virtual = context.num_replicas_in_sync, options.virtual_replicas
-    per_replica = virtual // replicas
     replica = tf.get_static_value(context.replica_id_in_sync_group)
     if replica is None:
         raise ConfigError("virtual_replicas needs a strategy whose replica ids are known when "
                           "the step is traced (tfpar's all-reduce strategies).")
-    replica = int(replica)
+    start = _StepStart.of(model, step.seeds)
+    leaves, grads = _run_shards(step, start, data, int(replica), virtual // replicas)
+    total = _total_in_fixed_order(context, leaves, int(replica), replicas, virtual)
+    return _step_end(total, grads, start, step, virtual)
+
+
+def _run_shards(step: Any, start: _StepStart, data: Any, replica: int,
+                per_replica: int) -> tuple[dict[Node, tf.Tensor], list]:
+    """Runs this replica's shards one after the other, each from the step's start; returns
+    each shard's leaf (its gradients, the changes of the assigned variables, its generators'
+    draws, whether it ran and its example count, flat) and the last shard's gradients (for
+    their shapes and dtypes)."""
     x, y, sample_weight = data
     first_input = next(t for t in tree.flatten(x) if t is not None)
     sizes = shard_sizes(tf.shape(first_input)[0], per_replica)
     starts = tf.cumsum(sizes, exclusive=True)
-
-    seeds = step.seeds
-    seed_ids = {id(v) for v in seeds}
-    assigned = [v for v in model.non_trainable_variables if id(v) not in seed_ids]
-    at_start = [tf.identity(v.value) for v in assigned]
-    seeds_at_start = [tf.identity(v.value) for v in seeds]
     leaves: dict[Node, tf.Tensor] = {}
     # The shards' assignments wait for the data: Keras 3.15 calls the step once more at the
     # end of data of unknown length, a call that ends without a batch; an assignment that
@@ -210,10 +233,10 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     for j in range(per_replica):
         shard = replica * per_replica + j
         with tf.control_dependencies(dependencies):
-            for variable, value in zip(assigned, at_start):
+            for variable, value in zip(start.assigned, start.at_start):
                 variable.assign(value)
             shard_seeds = []
-            for variable, value in zip(seeds, seeds_at_start):
+            for variable, value in zip(start.seeds, start.seeds_at_start):
                 offset = tf.constant([(shard + 1) * _SEED_STRIDE, 0], value.dtype)
                 shard_seeds.append(value + offset)
                 variable.assign(shard_seeds[-1])
@@ -227,15 +250,23 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
 
             grads = tf.cond(count > 0, run, step.empty_shard)
             changes = [tf.reshape(tf.cast(v.value, tf.float32) - tf.cast(s, tf.float32), [-1])
-                       for v, s in zip(assigned, at_start)]
+                       for v, s in zip(start.assigned, start.at_start)]
             # How far the shard's draws moved each generator (0 where it did not run), and
             # whether it ran: every shard draws alike, so the step's draws are their mean.
             draws = [tf.reshape(tf.cast(v.value - s, tf.float32), [-1])
-                     for v, s in zip(seeds, shard_seeds)]
+                     for v, s in zip(start.seeds, shard_seeds)]
         leaves[(shard, shard + 1)] = tf.concat(
             [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads] + changes + draws
             + [tf.reshape(tf.cast(count > 0, tf.float32), [1]), tf.reshape(count, [1])], 0)
         dependencies = [leaves[(shard, shard + 1)]]
+    return leaves, grads
+
+
+def _total_in_fixed_order(context: Any, leaves: dict[Node, tf.Tensor], replica: int,
+                          replicas: int, virtual: int) -> tf.Tensor:
+    """Every shard's leaf added in the fixed tree's order: this replica's subtrees, gathered
+    from every replica (a gather copies, it does not add), then the rest of the tree."""
+    per_replica = virtual // replicas
 
     def nodes_of(r: int) -> list[Node]:
         return tree_nodes(r * per_replica, (r + 1) * per_replica, virtual)
@@ -246,14 +277,19 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
     gathered = context.all_gather(tf.stack(own), axis=0)  # [replicas * width, size]
     known = {node: gathered[r * width + k]
              for r in range(replicas) for k, node in enumerate(nodes_of(r))}
-    total = tree_sum(known, 0, virtual)
+    return tree_sum(known, 0, virtual)
 
+
+def _step_end(total: tf.Tensor, grads: list, start: _StepStart, step: Any,
+              virtual: int) -> tuple[list, tf.Tensor]:
+    """From the total: the gradients' sums, the assigned variables set to their start plus the
+    shards' mean change, the generators where the step's draws leave them, and the count."""
     grad_sums, offset = [], 0
     for g in grads:
         n = int(np.prod(g.shape))
         grad_sums.append(tf.cast(tf.reshape(total[offset:offset + n], g.shape), g.dtype))
         offset += n
-    for variable, value in zip(assigned, at_start):
+    for variable, value in zip(start.assigned, start.at_start):
         n = int(np.prod(value.shape))
         mean_change = tf.reshape(total[offset:offset + n], value.shape) / virtual
         offset += n
@@ -262,9 +298,10 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         else:
             end = value + tf.cast(tf.round(mean_change), value.dtype)
         variable.assign(end)
+    seeds_at_start = start.seeds_at_start
     seed_size = sum(int(np.prod(v.shape)) for v in seeds_at_start)
     draws_total = total[offset:offset + seed_size]
     step.end_seeds(seeds_at_start, [tf.reshape(d, v.shape) for d, v in zip(
         tf.split(draws_total, [int(np.prod(v.shape)) for v in seeds_at_start]),
-        seeds_at_start)] if seeds else [], total[-2], 1)
+        seeds_at_start)] if start.seeds else [], total[-2], 1)
     return grad_sums, total[-1]
