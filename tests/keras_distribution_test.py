@@ -118,6 +118,18 @@ class KerasDistributionTest(testing.StrategyTestCase):
         with self.assertRaisesRegex(RegistryError, "virtual_replicas"):
             keras_distribution.DataParallel(strategy="mirrored", virtual_replicas=4)
 
+    def variable_with_layout(self, axes: list) -> keras.Variable:
+        """A variable made with its own layout on a 1-D mesh of 2 devices, while a
+        DataParallel over them is set."""
+        mesh = keras.distribution.DeviceMesh((2,), ["batch"], devices=["cpu:0", "cpu:1"])
+        with keras.distribution.DataParallel(device_mesh=mesh).scope():
+            return keras.Variable(initializer="ones", shape=(4, 2),
+                                  layout=keras.distribution.TensorLayout([*axes, None], mesh))
+
+    def test_a_variable_with_its_own_replicated_layout_is_mirrored(self):
+        value = self.variable_with_layout([None]).value
+        self.assertLen(value.values, 2)
+
     def test_what_tfpar_cannot_run_is_refused_in_one_line_and_nothing_is_set(self):
         mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"],
                                              devices=keras.distribution.list_devices())
@@ -128,6 +140,8 @@ class KerasDistributionTest(testing.StrategyTestCase):
                 keras_distribution.DataParallel(device_mesh=mesh)),
             lambda: keras.distribution.distribute_tensor(
                 tf.ones((4, 2)), keras.distribution.TensorLayout(["batch", None], mesh)),
+            # A variable's own sharded layout (Keras's TensorFlow backend ignores it).
+            lambda: self.variable_with_layout(["batch"]),
             # A distribution of a user's own (here Keras's base class): refused as what it
             # is, not as one that shards.
             lambda: keras.distribution.set_distribution(
@@ -235,6 +249,31 @@ class AcrossProcessesTest(tf.test.TestCase):
         for a, b in zip(results["kubernetes"], weights(one_device)):
             self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
 
+    def test_each_process_reading_its_own_share_trains_on_every_example(self):
+        # DataParallel(auto_shard_dataset=False): each process's batch of 4 (every other
+        # example) is its share of a global batch of 8, so each step trains on one device's
+        # batch; TensorFlow alone took a process's batch for the global batch (each step
+        # trained on 4 examples, and 9 of 21 were left out of every epoch).
+        one_device = build()
+        # Of unknown cardinality, as the processes' own datasets are (Keras then calls the step
+        # once more at each epoch's end, which moves Adam's moments, on one device too).
+        one_device.fit(data().unbatch().batch(8), epochs=2, verbose=0)
+        for local_devices in (1, 2):
+            status, out, output = self.run_job("keras_own", local_devices)
+            self.assertEqual(status, 0, out[-3000:])
+            # A DataParallel that shards, set after it, would read this job's input twice.
+            self.assertIn("refused: Across processes every DataParallel of a job trains through "
+                          "its one strategy, which reads the input one way: each must have the "
+                          "auto_shard_dataset of the first (False). Received: "
+                          "auto_shard_dataset=True.", out)
+            for a, b in zip(np.load(output).values(), weights(one_device)):
+                self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+        # virtual_replicas cuts the global batch by position, which no process has whole.
+        status, out, _ = self.run_job("keras_own_virtual", 1)
+        self.assertNotEqual(status, 0)
+        self.assertIn("ConfigError: virtual_replicas and split_weights cut the global batch by "
+                      "position, which needs every worker to read the whole input", out)
+
     def test_workers_of_unequal_device_counts_are_refused_instead_of_waiting(self):
         # TensorFlow sizes a collective by this worker's devices times the workers: 2 devices
         # and 1 would wait for each other in the first all-reduce until stopped (here: the
@@ -255,6 +294,7 @@ class AcrossProcessesTest(tf.test.TestCase):
             mine, output = self.job("keras", local_devices)
             every = " ".join(f"cpu:{i}" for i in range(2 * local_devices))
             self.assertIn(f"[worker 1] devices {every}", output)
+            self.assertIn("[worker 1] set by /device:CPU:0", output)
             self.assertIn(f"[worker 0] entry multi_worker_allreduce {2 * local_devices}", output)
             theirs, _ = self.job("entry", local_devices)
             for a, b in zip(mine, theirs):

@@ -108,7 +108,8 @@ class DataParallel(keras.distribution.DataParallel):
 
 def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
     """Makes ``keras.distribution`` train through tfpar on the TensorFlow backend; idempotent
-    (a second call changes the entry and options of the distributions set afterwards).
+    (a second call changes the entry and options of the ``DataParallel`` objects first set
+    afterwards: one set before keeps the strategy it was given).
 
     A distribution already set when it is called takes effect for the models built after it.
 
@@ -136,7 +137,7 @@ def install(strategy: str = DEFAULT_ENTRY, **options: Any) -> None:
                                  "num_processes": lambda: 1, "process_id": lambda: 0,
                                  "initialize": _initialize,
                                  "distribute_tensor": _distribute_tensor,
-                                 "distribute_variable": _distribute_tensor,
+                                 "distribute_variable": _distribute_variable,
                                  "distribute_data_input": _distribute_data_input})
     if processes()[0] > 1:
         job_strategy()
@@ -257,15 +258,22 @@ def strategy_of(distribution: Any) -> tf.distribute.Strategy:
         else:
             made = registry.get(entry, devices, **options)
         distribution._tfpar_strategy = made
-    # Read by TfparStrategy.experimental_distribute_dataset; a job's one strategy takes each
-    # distribution's as it is set.
-    made.tfpar_auto_shard = bool(distribution.auto_shard_dataset)
+    # Read by TfparStrategy.experimental_distribute_dataset. Across processes every
+    # distribution shares the job's one strategy, so they must agree on it.
+    auto_shard = bool(distribution.auto_shard_dataset)
+    if processes()[0] > 1 and getattr(made, "tfpar_auto_shard", auto_shard) != auto_shard:
+        raise ConfigError(
+            "Across processes every DataParallel of a job trains through its one strategy, "
+            "which reads the input one way: each must have the auto_shard_dataset of the first "
+            f"({made.tfpar_auto_shard}). Received: auto_shard_dataset={auto_shard}.")
+    made.tfpar_auto_shard = auto_shard
     return made
 
 
 def _across_processes(devices: Sequence[str], count: int, own_entry: str | None,
                       own_options: dict[str, Any]) -> tf.distribute.Strategy:
     """The job's strategy, for a mesh of every process's devices."""
+    devices = [_keras_name(name) for name in devices]
     every = list_devices(devices[0].split(":")[0] if devices else None)
     if sorted(devices) != sorted(every):
         raise ConfigError(f"Across {count} processes a DataParallel trains on every process's "
@@ -277,6 +285,14 @@ def _across_processes(devices: Sequence[str], count: int, own_entry: str | None,
                           "tfpar.keras_distribution.install(), not in a DataParallel. "
                           f"Received: strategy={own_entry!r}, options={own_options}.")
     return job_strategy()
+
+
+def _keras_name(name: str) -> str:
+    """A device in Keras's words (``cpu:1``) for TensorFlow's local forms of it (``CPU:1``,
+    ``/device:CPU:1``); a name of one task's device (``/job:...``) as it is."""
+    if "/job:" in name:
+        return name
+    return name.removeprefix("/device:").lower()
 
 
 def _on_set(value: Any) -> None:
@@ -333,6 +349,13 @@ def _distribute_tensor(value: Any, layout: Any) -> Any:
     if axes is not None and any(axis is not None for axis in axes):
         raise ConfigError(f"tfpar runs {_SUPPORTED}, which replicates every tensor. Received: "
                           f"a layout sharded on axes {list(axes)}.")
+    return value
+
+
+def _distribute_variable(value: Any, layout: Any) -> Any:
+    """A variable's own layout, made while a distribution is set: replicated, or refused."""
+    if keras.distribution.distribution() is not None:
+        _distribute_tensor(value, layout)
     return value
 
 

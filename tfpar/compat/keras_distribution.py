@@ -14,7 +14,11 @@ this module, behind the Keras version gate (:func:`tfpar.compat.versions.keras_s
   given callback runs first, and may refuse the distribution (an exception: nothing is set);
 - sets the given functions on the TensorFlow backend's module: those it lacks, and
   ``list_devices`` where a job's devices span several processes (restored by
-  :func:`uninstall`).
+  :func:`uninstall`);
+- wraps the TensorFlow backend's ``Variable._initialize``, which makes every Keras variable's
+  ``tf.Variable`` and ignores the variable's own ``layout`` (``keras.Variable(layout=...)``),
+  so that the backend's ``distribute_variable`` given here sees each variable's layout (and may
+  refuse a sharded one) as Keras's JAX backend has it do.
 
 What the callback and the functions do is :mod:`tfpar.keras_distribution`'s. Checked on Keras
 3.15.1 (the stub is the same from 3.0 to 3.15) and the preview 3.16.0.dev2026102704. Fails
@@ -38,6 +42,9 @@ _KERAS = "keras.src.distribution.distribution_lib"
 _PUBLIC = "keras.distribution"
 _BACKEND = "keras.src.backend.tensorflow.distribution_lib"
 _SET = "set_distribution"
+_CORE = "keras.src.backend.tensorflow.core"
+_INITIALIZE = "_initialize"
+_original_initialize: Callable[..., Any] | None = None
 _original_set: Callable[[Any], None] | None = None
 _replaced: dict[str, Any] = {}  # The backend's own function, or None where it had none.
 
@@ -52,10 +59,13 @@ def skip_reason() -> str | None:
     try:
         module = importlib.import_module(_KERAS)
         importlib.import_module(_BACKEND)
+        core = importlib.import_module(_CORE)
     except ImportError as e:
         return f"Keras's distribution modules are not where they were read ({e})"
     if not callable(getattr(module, "set_distribution", None)):
         return f"{_KERAS} has no set_distribution"
+    if not callable(getattr(core, "Variable", type).__dict__.get(_INITIALIZE)):
+        return f"{_CORE}.Variable has no {_INITIALIZE} of its own"
     return None
 
 
@@ -89,6 +99,26 @@ def install(on_set: Callable[[Any], None], backend: Mapping[str, Callable[..., A
         if name not in _replaced:
             _replaced[name] = getattr(backend_module, name, None)
         setattr(backend_module, name, function)
+    _install_variable_layouts(backend_module)
+
+
+def _install_variable_layouts(backend_module: Any) -> None:
+    """Makes each Keras variable made on the TensorFlow backend pass its own layout to the
+    backend's ``distribute_variable`` first."""
+    global _original_initialize
+    variable_class = importlib.import_module(_CORE).Variable
+    if _original_initialize is None:
+        _original_initialize = variable_class.__dict__[_INITIALIZE]
+    original = _original_initialize
+
+    @functools.wraps(original)
+    def initialize(self, value):
+        layout = getattr(self, "_layout", None)
+        if layout is not None:
+            backend_module.distribute_variable(value, layout)
+        original(self, value)
+
+    setattr(variable_class, _INITIALIZE, initialize)
 
 
 def backend_function(name: str) -> Callable[..., Any] | None:
@@ -106,6 +136,10 @@ def uninstall() -> None:
         for owner in (_KERAS, _PUBLIC):
             setattr(importlib.import_module(owner), _SET, _original_set)
         _original_set = None
+    global _original_initialize
+    if _original_initialize is not None:
+        setattr(importlib.import_module(_CORE).Variable, _INITIALIZE, _original_initialize)
+        _original_initialize = None
     backend_module = importlib.import_module(_BACKEND)
     for name, original in _replaced.items():
         if original is None:

@@ -25,6 +25,7 @@ from tfpar.allreduce.step import Shapes
 from tfpar.allreduce.step import declared_shapes
 from tfpar.allreduce.step import split_sizes
 from tfpar.allreduce.step import train_step
+from tfpar.errors import ConfigError
 from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.refusals import KERAS_OPTIMIZER_UPDATE
 from tfpar.strategies.refusals import MULTI_STEP_EXECUTION
@@ -63,6 +64,15 @@ class _AllReduceStep(TfparStrategy):
     def experimental_distribute_dataset(self, dataset, options=None):
         """``Strategy.experimental_distribute_dataset``, split by ``split_weights`` if set, and
         by shard position under ``virtual_replicas``."""
+        if self.reads_own_shares(dataset):
+            if self.step_options.virtual_replicas or self.step_options.split_weights:
+                raise ConfigError(
+                    "virtual_replicas and split_weights cut the global batch by position, "
+                    "which needs every worker to read the whole input: set "
+                    "auto_shard_dataset=True (the default), or leave both options unset. "
+                    "Received: auto_shard_dataset=False across "
+                    f"{self.num_replicas_in_sync // len(self.extended.worker_devices)} workers.")
+            return self.own_shares(dataset, options)
         dataset = self.sharded_as_asked(dataset)
         shapes = declared_shapes(dataset.element_spec)
         if shapes not in self._declared:

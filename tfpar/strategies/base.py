@@ -142,6 +142,8 @@ class TfparStrategy(_StrategyBase):
         figures). On a GPU, or with ``options``, the input
         path is TensorFlow's (which prefetches onto the device).
         """
+        if self.reads_own_shares(dataset):
+            return self.own_shares(dataset, options)
         dataset = self.sharded_as_asked(dataset)
         if options is None and self._is_one_host_replica():
             # A new dataset object (same pipeline): the user's own is left as it was.
@@ -158,6 +160,39 @@ class TfparStrategy(_StrategyBase):
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.OFF)
         return dataset.with_options(options)
+
+    def reads_own_shares(self, dataset: Any) -> bool:
+        """Whether each worker's ``dataset`` is its own share of the global batch: a job of
+        several workers whose strategy was made for a
+        ``keras.distribution.DataParallel(auto_shard_dataset=False)``."""
+        return (not getattr(self, "tfpar_auto_shard", True)
+                and isinstance(dataset, tf.data.Dataset)
+                and self.num_replicas_in_sync > len(self.extended.worker_devices))
+
+    def own_shares(self, dataset: tf.data.Dataset, options: Any = None) -> Any:
+        """Each worker's ``dataset`` as its share of every global batch (its batch of step
+        ``k`` and every other worker's make global batch ``k``), cut into its local replicas'
+        pieces, the first ``size mod replicas`` one example longer. (TensorFlow's own
+        ``experimental_distribute_dataset`` takes a worker's batch for the global batch and
+        deals its pieces to the job's replicas, so a step would train on a worker's batch
+        divided by the workers, and an epoch would leave examples out.)"""
+        local = len(self.extended.worker_devices)
+        if local > 1:
+            def pieces(*batch):
+                element = batch[0] if len(batch) == 1 else batch
+                size = tf.shape(next(t for t in tree.flatten(element) if t is not None))[0]
+                sizes = size // local + tf.cast(tf.range(local) < size % local, size.dtype)
+                starts = tf.cumsum(sizes, exclusive=True)
+                return tf.data.Dataset.range(local).map(
+                    lambda r: tree.map_structure(
+                        lambda t: t[starts[r]:starts[r] + sizes[r]], element))
+
+            dataset = dataset.flat_map(pieces)
+        options_off = tf.data.Options()
+        options_off.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        dataset = dataset.with_options(options_off)
+        return self.distribute_datasets_from_function(lambda _: dataset, options)
 
     def _is_one_host_replica(self) -> bool:
         devices = self.extended.worker_devices

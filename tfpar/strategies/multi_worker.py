@@ -5,9 +5,11 @@ connected) for the ``multi_worker`` and ``multi_worker_allreduce`` entries."""
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tfpar import devices as devices_lib
 from tfpar.allreduce.options import check_bytes_per_pack
@@ -94,6 +96,7 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
 
 
 _LOCAL_REPLICAS_KEY = "tfpar/local_replicas/{task_type}/{task_id}"
+_COUNT_WAIT_SECONDS = 60.0
 
 
 def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolver,
@@ -109,7 +112,8 @@ def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolve
     Args:
         resolver: The job's cluster.
         local: This worker's devices (replicas).
-        timeout: Seconds to wait for a peer's count (a peer that never writes is not judged).
+        timeout: Seconds to wait for the peers' counts, at most a minute in all (they have
+            connected; a peer that never writes is not judged).
 
     Raises:
         ConfigError: If some worker has another number of devices (one line naming each).
@@ -122,9 +126,22 @@ def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolve
     own = (resolver.task_type, int(resolver.task_id))
     coordination_values.insert(_LOCAL_REPLICAS_KEY.format(task_type=own[0], task_id=own[1]),
                                str(local))
-    counts = {task: coordination_values.wait_for(
-        _LOCAL_REPLICAS_KEY.format(task_type=task[0], task_id=task[1]), timeout)
-        for task in tasks}
+    # Every peer has connected, and writes its count as soon as it has: one that has not
+    # within a minute is gone (training will say so), and is not judged. One deadline for all.
+    started = time.monotonic()
+    deadline = started + min(timeout, _COUNT_WAIT_SECONDS)
+    counts: dict[tuple[str, int], str | None] = {}
+    for job, index in tasks:
+        key = _LOCAL_REPLICAS_KEY.format(task_type=job, task_id=index)
+        count = None
+        while count is None and time.monotonic() < deadline:
+            count = coordination_values.wait_for(
+                key, min(cluster_peers.REPORT_EVERY_SECONDS, deadline - time.monotonic()))
+            if count is None:
+                logging.warning("Waiting for %s %d to say how many devices it trains on (%.0f s; "
+                                "giving up after %.0f s).", job, index,
+                                time.monotonic() - started, deadline - started)
+        counts[(job, index)] = count
     known = {task: int(count) for task, count in counts.items() if count is not None}
     if len(set(known.values())) > 1:
         each = ", ".join(f"{job} {index}: {count}" for (job, index), count in known.items())
