@@ -37,12 +37,12 @@ from typing import Any
 import keras
 
 from tfpar.compat import versions
+from tfpar.compat.keras_fixes.fix import tf_variable_class
 
 _KERAS = "keras.src.distribution.distribution_lib"
 _PUBLIC = "keras.distribution"
 _BACKEND = "keras.src.backend.tensorflow.distribution_lib"
 _SET = "set_distribution"
-_CORE = "keras.src.backend.tensorflow.core"
 _INITIALIZE = "_initialize"
 _original_initialize: Callable[..., Any] | None = None
 _original_set: Callable[[Any], None] | None = None
@@ -59,13 +59,11 @@ def skip_reason() -> str | None:
     try:
         module = importlib.import_module(_KERAS)
         importlib.import_module(_BACKEND)
-        core = importlib.import_module(_CORE)
-    except ImportError as e:
+        tf_variable_class()
+    except (ImportError, LookupError) as e:
         return f"Keras's distribution modules are not where they were read ({e})"
     if not callable(getattr(module, "set_distribution", None)):
         return f"{_KERAS} has no set_distribution"
-    if not callable(getattr(core, "Variable", type).__dict__.get(_INITIALIZE)):
-        return f"{_CORE}.Variable has no {_INITIALIZE} of its own"
     return None
 
 
@@ -106,7 +104,7 @@ def _install_variable_layouts(backend_module: Any) -> None:
     """Makes each Keras variable made on the TensorFlow backend pass its own layout to the
     backend's ``distribute_variable`` first."""
     global _original_initialize
-    variable_class = importlib.import_module(_CORE).Variable
+    variable_class = tf_variable_class()
     if _original_initialize is None:
         _original_initialize = variable_class.__dict__[_INITIALIZE]
     original = _original_initialize
@@ -138,7 +136,7 @@ def uninstall() -> None:
         _original_set = None
     global _original_initialize
     if _original_initialize is not None:
-        setattr(importlib.import_module(_CORE).Variable, _INITIALIZE, _original_initialize)
+        setattr(tf_variable_class(), _INITIALIZE, _original_initialize)
         _original_initialize = None
     backend_module = importlib.import_module(_BACKEND)
     for name, original in _replaced.items():

@@ -20,24 +20,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
-import keras
 import tensorflow as tf
 
 from tfpar.compat.keras_fixes.fix import Fix
-
-
-def _tf_variable() -> Any:
-    """The TensorFlow backend's class among ``keras.Variable``'s bases, whatever its module
-    (``keras.src.backend.tensorflow.core`` to 3.15, ``.ops.core`` in 3.16): the TensorFlow
-    tensor type that creates the variable (its ``_value`` a ``tf.Variable``), where the fix
-    sets ``assign_add``/``assign_sub``."""
-    for cls in keras.Variable.__mro__:
-        if "_initialize" in vars(cls) and issubclass(cls, tf.__internal__.types.Tensor):
-            return cls
-    raise LookupError("no base class of keras.Variable is a TensorFlow tensor type that "
-                      "creates the variable")
+from tfpar.compat.keras_fixes.fix import tf_variable_class
 
 
 def _wrap_aggregating_add(original: Callable, method: str) -> Callable:
@@ -57,11 +44,11 @@ def _wrap_aggregating_add(original: Callable, method: str) -> Callable:
 FIXES = (
     Fix("aggregating_assign_add", "metric variables under central_storage add increments, "
         "not each replica's read-then-write (loss, metrics, evaluate)",
-        _tf_variable, "assign_add",
+        tf_variable_class, "assign_add",
         functools.partial(_wrap_aggregating_add, method="assign_add"),
         parameters=("self", "value")),
     Fix("aggregating_assign_sub", "the same for assign_sub",
-        _tf_variable, "assign_sub",
+        tf_variable_class, "assign_sub",
         functools.partial(_wrap_aggregating_add, method="assign_sub"),
         parameters=("self", "value")),
 )

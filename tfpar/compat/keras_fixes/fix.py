@@ -108,6 +108,21 @@ def model_base_defining(attribute: str, package: str = TF_BACKEND) -> type:
     raise LookupError(f"no base class of keras.Model from {package} defines {attribute}")
 
 
+def tf_variable_class() -> type:
+    """The TensorFlow backend's class among ``keras.Variable``'s bases, whatever its module
+    (``keras.src.backend.tensorflow.core`` to 3.15, ``.ops.core`` in 3.16): the TensorFlow
+    tensor type whose ``_initialize`` makes the variable's ``tf.Variable``.
+
+    Raises:
+        LookupError: If none is.
+    """
+    for cls in keras.Variable.__mro__:
+        if "_initialize" in vars(cls) and issubclass(cls, tf.__internal__.types.Tensor):
+            return cls
+    raise LookupError("no base class of keras.Variable is a TensorFlow tensor type that "
+                      "creates the variable")
+
+
 def tf_trainer_class() -> type:
     """The class that runs ``fit``'s step under the TensorFlow backend."""
     return model_base_defining("make_train_function")
