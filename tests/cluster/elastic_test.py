@@ -9,6 +9,7 @@ import sys
 from unittest import mock
 
 import pytest
+import quoted_output
 import tensorflow as tf
 from absl.testing import parameterized
 from conftest import checkpoint_values
@@ -276,10 +277,16 @@ class ElasticTrainingTest(tf.test.TestCase):
                  f"--model_dir={model_dir}"]
         if lose:
             train = [DIE, "slot", *map(str, lose), "--", *train]
-        process = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "scripts", "launch.py"),
-             f"--num_workers={num_workers}", "--", sys.executable, *train],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+        return self.run_job([sys.executable, os.path.join(ROOT, "scripts", "launch.py"),
+                             f"--num_workers={num_workers}", "--", sys.executable, *train],
+                            on_line)
+
+    @staticmethod
+    def run_job(command, on_line=lambda line: None):
+        """Runs a launcher ``command``, each line of its output to ``on_line`` as it comes;
+        returns its status and output."""
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=ENV)
         lines = []
         try:
             for line in process.stdout:
@@ -336,6 +343,8 @@ class ElasticTrainingTest(tf.test.TestCase):
         self.assertAsUninterrupted(model_dir)
 
     def test_a_job_grows_back_when_the_lost_machine_returns(self):
+        # The command and the lines the resume guide quotes (block elastic_grow_back), slot
+        # 3's machine gone after epoch 1 and back once the slot is lost.
         model_dir = os.path.join(self.get_temp_dir(), "grown")
         gone = os.path.join(self.get_temp_dir(), "gone_for_a_while")
 
@@ -343,8 +352,12 @@ class ElasticTrainingTest(tf.test.TestCase):
             if "slot 3 is lost" in line:
                 os.remove(gone)
 
-        status, output = self.job(model_dir, "3:4", lose=(3, 1, gone), on_line=machine_returns)
+        command = quoted_output.command("elastic_grow_back", {"/tmp/state": model_dir})
+        train = next(i for i, word in enumerate(command) if word.endswith("train.py"))
+        command[train:train] = [DIE, "slot", "3", "1", gone, "--"]
+        status, output = self.run_job(command, machine_returns)
         self.assertEqual(status, 0, output[-3000:])
+        quoted_output.assert_quoted("elastic_grow_back", output, {"/tmp/state": model_dir})
         self.assertIn("slot 3 is lost (tried again after epoch 2 or at a restart); going on with "
                       "3 workers of 4 (at least 3)", output)
         self.assertIn("launcher: epoch 2 is saved; a notice to every worker to save and stop, "

@@ -313,7 +313,8 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         # A block marked <!-- output: name --> is the command a test runs and the lines it
         # prints (tests/quoted_output.py): the test names the block.
         blocks = quoted_output.blocks()
-        self.assertContainsSubset({"restart_after_a_kill", "world_size_invariance"}, blocks)
+        self.assertContainsSubset({"restart_after_a_kill", "world_size_invariance",
+                                   "elastic_grow_back"}, blocks)
         sources = "".join(read(path) for path in glob.glob(os.path.join(ROOT, "tests", "**",
                                                                         "*_test.py"),
                                                            recursive=True))
