@@ -58,6 +58,22 @@ class WorkerContractTest(absltest.TestCase):
         self.assertEqual(Position(2, 0, folder="/s").where, "the end of epoch 2 in /s")
         self.assertEqual(Position(2, 0).short, "epoch 2")
 
+    def test_a_save_written_by_another_process_counts_once_its_writer_committed_it(self):
+        # A worker that is not the chief saved its part (to a scratch folder) of the chief's
+        # ckpt-4: until the chief commits it, what a rerun resumes from is the folder's record.
+        folder = temporary_folder(self)
+        write_index(folder, "ckpt-2")
+        worker_contract.commit_position(folder, worker_contract.Position(1, 0, "ckpt-2"))
+        worker_contract.commit_position(folder, worker_contract.Position(2, 0, "ckpt-4"),
+                                        by_another=True)
+        self.assertEqual(worker_contract.last_committed().pair, (1, 0))
+        write_index(folder, "ckpt-4")  # The chief's commit: its index, then its record.
+        worker_contract.commit_position(folder, worker_contract.Position(2, 0, "ckpt-4"))
+        worker_contract.commit_position(folder, worker_contract.Position(2, 0, "ckpt-4"),
+                                        by_another=True)
+        self.assertEqual(worker_contract.last_committed(),
+                         worker_contract.Position(2, 0, "ckpt-4", folder))
+
     def test_a_record_of_another_save_than_the_index_names_is_no_position(self):
         # A kill between TensorFlow's commit of ckpt-30 and the record: the record is the
         # save before's, which is not where the folder resumes.

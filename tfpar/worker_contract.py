@@ -184,27 +184,32 @@ class _Commits:
     def __init__(self):
         self.count = 0
         self.last: Position | None = None
+        self.by_another = False  # Whether another process writes the last one's folder.
         self.lock = threading.Lock()
 
 
 _COMMITS = _Commits()
 
 
-def commit_position(folder: str, position: Position, *, write: bool = True) -> None:
+def commit_position(folder: str, position: Position, *, write: bool = True,
+                    by_another: bool = False) -> None:
     """Records that this process committed a save of ``position`` in ``folder``: writes the
     folder's position record (where ``write``: the process that writes the folder's files) and
-    keeps it as this process's last commit (:func:`last_committed`).
+    keeps it as this process's last commit (:func:`last_committed`). With ``by_another`` (a
+    worker that saved its part to a scratch folder, the chief writing ``folder``), nothing is
+    written, and the commit counts once the folder's record names it.
 
     Call it once per save, right after the save committed (a kill in between leaves the record
     naming the save before, which :func:`read_position` then does not take for the folder's).
     Never raises: an unwritable folder already failed the save.
     """
     position = dataclasses.replace(position, folder=folder)
-    if write:
+    if write and not by_another:
         _write_position(position)
     with _COMMITS.lock:
         _COMMITS.count += 1
         _COMMITS.last = position
+        _COMMITS.by_another = by_another
 
 
 def restored_position(folder: str, position: Position) -> None:
@@ -232,9 +237,17 @@ def commits_made() -> int:
 
 def last_committed(since: int = 0) -> Position | None:
     """This process's last committed save, where it committed one after its first ``since``
-    (:func:`commits_made` at some moment; 0: any)."""
+    (:func:`commits_made` at some moment; 0: any). A save whose folder another process writes
+    (a worker that is not the chief saved its part to a scratch folder) is held to the folder's
+    record: where the writer has not committed it yet, the record's position is the one given
+    (what a rerun resumes from), or none."""
     with _COMMITS.lock:
-        return _COMMITS.last if _COMMITS.count > since else None
+        last = _COMMITS.last if _COMMITS.count > since else None
+        by_another = _COMMITS.by_another
+    if last is None or not by_another:
+        return last
+    recorded = read_position(last.folder)
+    return last if recorded is not None and recorded.pair == last.pair else recorded
 
 
 def read_position(folder: str) -> Position | None:

@@ -226,6 +226,22 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(checkpoint.restore(), 1)
         self.assertEqual(checkpoint.history["loss"], [1.5])
 
+    def test_a_save_whose_old_checkpoints_cannot_be_removed_is_saved_and_said_so(self):
+        # TensorFlow commits the save (its index) and then removes older checkpoints: a removal
+        # that fails leaves the new save committed, the resume point, not a failed save.
+        directory, checkpoint = self.saved_once()
+
+        def cannot_remove(manager):
+            raise PermissionError(13, "Permission denied")
+
+        with mock.patch.object(tf.train.CheckpointManager, "_sweep", cannot_remove), \
+                self.assertLogs(level="WARNING") as logs:
+            checkpoint.on_epoch_end(1, {"loss": 1.2})
+        self.assertRegex(logs.output[-1], r"Saved ckpt-\d+ in .*, but older checkpoints there "
+                                          r"could not be removed \(Permission denied\)")
+        self.assertEqual(worker_contract.read_position(directory).pair, (2, 0))
+        self.assertEqual(checkpoint.restore(), 2)
+
     def test_a_save_that_fails_because_a_peer_is_gone_says_so_not_free_space(self):
         # A peer that stopped (its own notice's grace ran out) aborts the save's collectives:
         # the line names the lost peer, as a lost peer during training does (status 69).

@@ -483,7 +483,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                     whole=lambda name: not name.endswith(".index"),
                     order=lambda name: (2 if name == worker_contract.CHECKPOINT_INDEX
                                         else 1 if name.endswith(".index") else 0)):
-                path = self._manager.save(checkpoint_number=number)
+                path = self._saved_even_if_not_swept(number)
             self._last_number = number
             self._known[f"ckpt-{number}"] = (epochs, steps)
             self._last_path = os.path.join(self.directory, os.path.basename(path))
@@ -491,7 +491,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
             # should its grace budget run out during the clean-up below), held off from a spent
             # budget's end so that the line and the record name the same state.
             with preemption.NOTICE.ending_held():
-                worker_contract.commit_position(self.directory, position, write=self._chief)
+                worker_contract.commit_position(self.directory, position, write=self._chief,
+                                                by_another=not self._chief)
         if self._chief:
             self._prune_replica_copies()
         if self._chief and self.made_with and not self._made_with_written:
@@ -499,6 +500,26 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                  self.made_with)
             self._made_with_written = True
         return path
+
+    def _saved_even_if_not_swept(self, number: int) -> str:
+        """Saves ``ckpt-number`` through the manager; returns its path. TensorFlow commits a
+        save (its index names it) before it removes the checkpoints past ``max_to_keep``: a
+        removal that fails then leaves the new save committed, which is said in a warning, not
+        taken for a failed save.
+
+        Raises:
+            OSError, tf.errors.OpError: Where the save did not commit.
+        """
+        try:
+            return self._manager.save(checkpoint_number=number)
+        except (OSError, tf.errors.OpError) as e:
+            if worker_contract.committed_save(self._write_dir) != f"ckpt-{number}":
+                raise
+            reason = e.strerror if isinstance(e, OSError) else e.message
+            logging.warning("Saved ckpt-%d in %s, but older checkpoints there could not be "
+                            "removed (%s); they take space until a later save removes them.",
+                            number, self._write_dir, reason)
+            return os.path.join(self._write_dir, f"ckpt-{number}")
 
     def describe(self, epochs: int, steps: int) -> str:
         """A saved position in words, e.g. ``"epoch 3 step 17 in DIR"`` (1-based epoch)."""
