@@ -11,6 +11,26 @@ import sys
 import tensorflow as tf
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfpar")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# The test files that test across modules, by what they test; every other test file is the
+# tests of the module (or package) of its path (tfpar/data/loading.py: data/loading_test.py).
+# end_to_end/ and upstream/ test across modules by their folder's purpose (DEVELOPERS.md).
+ACROSS_MODULES = {
+    "callbacks/crash_states_test.py": "every save's crash states (checkpointing, the "
+                                      "BackupAndRestore fix, the worker contract's records)",
+    "cluster/cluster_test.py": "multi-worker strategies over a TF_CONFIG cluster (cluster.spec, "
+                               "cluster.peers, strategies.multi_worker)",
+    "cluster/launcher_notices_test.py": "the launcher's notices to and from workers (launcher, "
+                                        "preemption, worker_group)",
+    "cluster/multi_worker_exactness_test.py": "multi-worker entries against one process",
+    "cluster/multi_worker_invariance_test.py": "virtual_replicas across workers and elastic "
+                                               "sizes",
+    "cluster/strategy_test.py": "the multi-worker strategies as the registry builds them",
+    "compat/gates_test.py": "every workaround's version gate and the class patch helper",
+    "models/models_test.py": "the model registry (tfpar.models)",
+    "package_layout_test.py": "the package's shape (imports, layers, names)",
+}
 
 
 def _module_paths() -> dict[str, str]:
@@ -77,6 +97,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 class PackageLayoutTest(tf.test.TestCase):
+
+    def test_every_test_file_is_of_its_module_or_says_what_it_tests(self):
+        stray = []
+        for folder, _, files in os.walk(TESTS):
+            for name in files:
+                if not name.endswith("_test.py"):
+                    continue
+                relative = os.path.relpath(os.path.join(folder, name), TESTS)
+                if relative.split(os.sep)[0] in ("end_to_end", "upstream"):
+                    continue
+                module = os.path.join(PACKAGE, relative[:-len("_test.py")])
+                if not (os.path.exists(module + ".py") or os.path.isdir(module)
+                        or relative.replace(os.sep, "/") in ACROSS_MODULES):
+                    stray.append(relative)
+        self.assertEqual(stray, [], "a test file of no module of its path: rename it after "
+                                    "its module, or list it in ACROSS_MODULES")
 
     def test_no_import_circle(self):
         graph = module_imports()
