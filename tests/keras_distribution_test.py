@@ -268,6 +268,13 @@ class AcrossProcessesTest(tf.test.TestCase):
                           "auto_shard_dataset=True.", out)
             for a, b in zip(np.load(output).values(), weights(one_device)):
                 self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+        # Inputs of known, unequal numbers of batches: one line, not TensorFlow's collectives'
+        # error in the step after the shorter ends.
+        status, out, _ = self.run_job("keras_own_uneven", 1)
+        self.assertNotEqual(status, 0)
+        self.assertIn("ConfigError: Under auto_shard_dataset=False each worker's batch of a step "
+                      "is its share of the step's global batch, so every worker's input must "
+                      "give as many batches; this job's give worker 0: 2, worker 1: 3.", out)
         # virtual_replicas cuts the global batch by position, which no process has whole.
         status, out, _ = self.run_job("keras_own_virtual", 1)
         self.assertNotEqual(status, 0)

@@ -5,7 +5,7 @@ Usage (through the launcher): keras_distribution_worker.py keras|keras_own|keras
 LOCAL_DEVICES OUTPUT.npz (``keras_own``: each process reads its own share of the data, every
 other example, under ``DataParallel(auto_shard_dataset=False)``, and tries to set a second
 distribution that shards; it only fits; ``keras_own_virtual`` the same with
-``virtual_replicas=4``)
+``virtual_replicas=4``; ``keras_own_uneven``: process 1's own input gives one batch more)
 (LOCAL_DEVICES ``uneven``: two for the first worker, one for the others.)
 """
 
@@ -31,6 +31,15 @@ def main(path: str, local_devices: int, output: str) -> None:
     from keras_distribution_test import build  # noqa: PLC0415
     from keras_distribution_test import data  # noqa: PLC0415
 
+    if path == "keras_own_uneven":  # Process 1's input gives one batch more.
+        tfpar.keras_distribution.install()
+        keras.distribution.initialize()
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(auto_shard_dataset=False))
+        model = build()
+        _, index = tfpar.keras_distribution.processes()
+        model.fit(data().take(2 + index), epochs=1, verbose=0)
+        return
     if path in ("keras_own", "keras_own_virtual"):
         tfpar.keras_distribution.install(
             **({"virtual_replicas": 4} if path == "keras_own_virtual" else {}))

@@ -6,6 +6,8 @@ from unittest import mock
 
 import tensorflow as tf
 
+from tfpar.cluster import peers
+from tfpar.compat import coordination_values
 from tfpar.errors import ConfigError
 from tfpar.strategies import multi_worker
 
@@ -38,11 +40,11 @@ class SameReplicasTest(tf.test.TestCase):
             clock.now += seconds
             return None
 
-        with mock.patch.object(multi_worker.coordination_values, "skip_reason", lambda: None), \
-                mock.patch.object(multi_worker.coordination_values, "insert",
+        with mock.patch.object(coordination_values, "skip_reason", lambda: None), \
+                mock.patch.object(coordination_values, "insert",
                                   lambda key, value: store.setdefault(key, value)), \
-                mock.patch.object(multi_worker.coordination_values, "wait_for", wait_for), \
-                mock.patch.object(multi_worker.time, "monotonic", clock.monotonic):
+                mock.patch.object(coordination_values, "wait_for", wait_for), \
+                mock.patch.object(peers.time, "monotonic", clock.monotonic):
             multi_worker._check_same_replicas(_resolver(workers), local, timeout)
         return clock.now, waits
 

@@ -30,6 +30,9 @@ from tfpar.errors import PortTakenError
 if TYPE_CHECKING:  # Imported where used: the command line reads this module's constants.
     import tensorflow as tf
 
+COUNT_WAIT_SECONDS = 60.0
+"""How long a worker waits, at most, for its connected peers' counts (see
+:func:`counts_of_every_worker`)."""
 DEFAULT_TIMEOUT_SECONDS = 300.0
 """How long a worker waits for its peers by default before it gives up."""
 REPORT_EVERY_SECONDS = 5.0
@@ -235,3 +238,45 @@ def connect(make: Callable[[], tf.distribute.Strategy],
     if cluster_resolver is not None and is_multi_worker(strategy) and is_chief(strategy):
         atexit.register(leave_last, cluster_resolver)
     return strategy
+
+
+def counts_of_every_worker(resolver: tf.distribute.cluster_resolver.ClusterResolver, name: str,
+                           count: int, what: str, timeout: float) -> dict[tuple[str, int], int]:
+    """Each worker's count of ``name`` (this one's ``count``), through the job's coordination
+    service, for a check that every worker agrees (where
+    :mod:`tfpar.compat.coordination_values` applies; elsewhere only this worker's).
+
+    Every worker must call it with the same ``name`` (once per name), after the job's strategy
+    connected them. A peer that has not written its count within ``timeout``, a minute at most
+    (one deadline for all), is gone (training will say so) and left out; meanwhile a line every
+    few seconds names the worker waited for and ``what`` it is to say.
+
+    Returns:
+        ``{(job, index): count}`` of the workers that said theirs.
+    """
+    from tfpar.compat import coordination_values  # noqa: PLC0415 (imports TensorFlow)
+
+    own = (resolver.task_type, int(resolver.task_id))
+    if coordination_values.skip_reason() is not None:
+        return {own: count}
+    cluster = resolver.cluster_spec().as_dict()
+    tasks = [(job, index) for job in ("chief", "worker")
+             for index in range(len(cluster.get(job, ())))]
+    coordination_values.insert(f"tfpar/{name}/{own[0]}/{own[1]}", str(count))
+    started = time.monotonic()
+    deadline = started + min(timeout, COUNT_WAIT_SECONDS)
+    counts = {}
+    for job, index in tasks:
+        value = None
+        while value is None and time.monotonic() < deadline:
+            value = coordination_values.wait_for(
+                f"tfpar/{name}/{job}/{index}",
+                min(REPORT_EVERY_SECONDS, deadline - time.monotonic()))
+            if value is None:
+                logging.warning("Waiting for %s %d to say %s (%.0f s; giving up after %.0f s).",
+                                job, index, what, time.monotonic() - started,
+                                deadline - started)
+        if value is not None:
+            counts[(job, index)] = int(value)
+    return counts
+

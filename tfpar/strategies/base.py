@@ -31,6 +31,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfpar import errors
+from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import keras_fixes
 from tfpar.compat.iterator_release import releasing_iterators
@@ -176,6 +177,7 @@ class TfparStrategy(_StrategyBase):
         ``experimental_distribute_dataset`` takes a worker's batch for the global batch and
         deals its pieces to the job's replicas, so a step would train on a worker's batch
         divided by the workers, and an epoch would leave examples out.)"""
+        self._check_same_batches(int(dataset.cardinality()))
         local = len(self.extended.worker_devices)
         if local > 1:
             def pieces(*batch):
@@ -193,6 +195,22 @@ class TfparStrategy(_StrategyBase):
             tf.data.experimental.AutoShardPolicy.OFF)
         dataset = dataset.with_options(options_off)
         return self.distribute_datasets_from_function(lambda _: dataset, options)
+
+    def _check_same_batches(self, batches: int) -> None:
+        """Refuses, in one line, workers whose own datasets give unequal numbers of batches
+        (where each knows its number): TensorFlow's collectives would fail in the step after
+        the shortest ends, with an error of their own."""
+        self._own_share_calls = getattr(self, "_own_share_calls", 0) + 1
+        counts = cluster_peers.counts_of_every_worker(
+            self.cluster_resolver, f"own_batches/{self._own_share_calls}", batches,
+            "how many batches its own input gives", cluster_peers.COUNT_WAIT_SECONDS)
+        known = {task: n for task, n in counts.items() if n >= 0}
+        if len(set(known.values())) > 1:
+            each = ", ".join(f"{job} {index}: {n}" for (job, index), n in known.items())
+            raise errors.ConfigError(
+                "Under auto_shard_dataset=False each worker's batch of a step is its share of "
+                "the step's global batch, so every worker's input must give as many batches; "
+                f"this job's give {each}.")
 
     def _is_one_host_replica(self) -> bool:
         devices = self.extended.worker_devices

@@ -5,18 +5,15 @@ connected) for the ``multi_worker`` and ``multi_worker_allreduce`` entries."""
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import tensorflow as tf
-from absl import logging
 
 from tfpar import devices as devices_lib
 from tfpar.allreduce.options import check_bytes_per_pack
 from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
 from tfpar.compat import coordination
-from tfpar.compat import coordination_values
 from tfpar.compat import multi_worker_cpus
 from tfpar.errors import ConfigError
 from tfpar.errors import OptionValueError
@@ -95,54 +92,25 @@ def make(strategy_class: type, devices: devices_lib.DeviceSet, options: MultiWor
     return strategy
 
 
-_LOCAL_REPLICAS_KEY = "tfpar/local_replicas/{task_type}/{task_id}"
-_COUNT_WAIT_SECONDS = 60.0
-
-
 def _check_same_replicas(resolver: tf.distribute.cluster_resolver.ClusterResolver,
-                        local: int, timeout: float) -> None:
+                         local: int, timeout: float) -> None:
     """Checks that every worker of the job trains on as many devices as this one.
 
     TensorFlow's strategy sizes its collectives as this worker's devices times the workers, so
     workers of unequal device counts would wait for each other in the first all-reduce until
-    stopped. Each worker writes its count to the job's coordination service and reads the
-    others' (where :mod:`tfpar.compat.coordination_values` is available; elsewhere nothing is
-    checked).
+    stopped.
 
     Args:
         resolver: The job's cluster.
         local: This worker's devices (replicas).
-        timeout: Seconds to wait for the peers' counts, at most a minute in all (they have
-            connected; a peer that never writes is not judged).
+        timeout: Seconds to wait for the peers' counts (see
+            :func:`tfpar.cluster.peers.counts_of_every_worker`).
 
     Raises:
         ConfigError: If some worker has another number of devices (one line naming each).
     """
-    if coordination_values.skip_reason() is not None:
-        return
-    cluster = resolver.cluster_spec().as_dict()
-    tasks = [(job, index) for job in ("chief", "worker")
-             for index in range(len(cluster.get(job, ())))]
-    own = (resolver.task_type, int(resolver.task_id))
-    coordination_values.insert(_LOCAL_REPLICAS_KEY.format(task_type=own[0], task_id=own[1]),
-                               str(local))
-    # Every peer has connected, and writes its count as soon as it has: one that has not
-    # within a minute is gone (training will say so), and is not judged. One deadline for all.
-    started = time.monotonic()
-    deadline = started + min(timeout, _COUNT_WAIT_SECONDS)
-    counts: dict[tuple[str, int], str | None] = {}
-    for job, index in tasks:
-        key = _LOCAL_REPLICAS_KEY.format(task_type=job, task_id=index)
-        count = None
-        while count is None and time.monotonic() < deadline:
-            count = coordination_values.wait_for(
-                key, min(cluster_peers.REPORT_EVERY_SECONDS, deadline - time.monotonic()))
-            if count is None:
-                logging.warning("Waiting for %s %d to say how many devices it trains on (%.0f s; "
-                                "giving up after %.0f s).", job, index,
-                                time.monotonic() - started, deadline - started)
-        counts[(job, index)] = count
-    known = {task: int(count) for task, count in counts.items() if count is not None}
+    known = cluster_peers.counts_of_every_worker(resolver, "local_replicas", local,
+                                                 "how many devices it trains on", timeout)
     if len(set(known.values())) > 1:
         each = ", ".join(f"{job} {index}: {count}" for (job, index), count in known.items())
         raise ConfigError(f"Every worker of a job must train on as many devices as the others "
