@@ -73,14 +73,15 @@ def configure(cluster_spec, task_type: str, heartbeat_timeout: float | None,
             range.
     """
     check_heartbeat_timeout(heartbeat_timeout)
-    reason = skip_reason()
-    if reason is not None:
+    if skip_reason() is not None:
         if heartbeat_timeout is None:
             return  # TensorFlow's own configuration, and its own waits.
+        import tensorflow as tf
+
         raise ConfigError(
             f"{{argument}} is set through TensorFlow internals verified on TensorFlow "
-            f"{versions.tensorflow_range_text()} ({reason}). Leave it unset (TensorFlow's "
-            "default, 10 s).", argument="heartbeat_timeout")
+            f"{versions.tensorflow_range_text()}; this is {tf.__version__}. Leave it unset "
+            "(TensorFlow's default, 10 s).", argument="heartbeat_timeout")
     context = importlib.import_module("tensorflow.python.eager.context").context()
     if context.coordination_service is not None or task_type not in COORDINATED_JOBS:
         return  # Configured already (a second strategy in this process): TensorFlow's rule.
