@@ -62,6 +62,9 @@ STOP_RECORD_ENV = "TFPAR_STOP_RECORD"
 """Where the worker writes its :class:`StopRecord` as it stops."""
 WORKER_SPEC_ENV = "TFPAR_WORKER_SPEC"
 """Where the job's chief writes its :class:`WorkerSpec` as it starts training."""
+RESTARTS_ENV = "TFPAR_RESTARTS"
+""""1": the launcher starts the job again after a failure (restarts, or an elastic job), so the
+worker must resume from its saved state (tfpar-train refuses to run without a folder for it)."""
 VISIBLE_GPUS_ENV = "CUDA_VISIBLE_DEVICES"
 """The GPUs a worker may use (CUDA's own variable, which TensorFlow reads at start-up)."""
 

@@ -29,10 +29,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 DIE = os.path.join(ROOT, "tests", "end_to_end", "train_and_die.py")
-# A worker that reports its slot and rank, then fails (exit 3) after the seconds FAIL gives its
-# slot ("1@1,3@3": slot 1 after 1 s, slot 3 after 3 s, one at a time), or succeeds after 6 s.
+# A worker that declares its folder, reports its slot and rank, then fails (exit 3) after the
+# seconds FAIL gives its slot ("1@1,3@3": slot 1 after 1 s, slot 3 after 3 s, one at a time),
+# or succeeds after 6 s.
 WORKER = """
 import json, os, sys, time
+from tfpar import worker_contract
+worker_contract.declare(folder=sys.argv[1].split("=", 1)[1])  # Its --model_dir, as tfpar's do.
 slot = int(os.environ["TFPAR_WORKER_SLOT"])
 config = json.loads(os.environ["TF_CONFIG"])
 print("slot", slot, "rank", config["task"]["index"], "of", len(config["cluster"]["worker"]),
@@ -43,7 +46,6 @@ if fail.get(str(slot)) == "0":  # A broken machine: fails at once.
 if os.environ.get("VIRTUAL"):  # A world-size-invariant job's chief declares its shards,
     virtual = int(os.environ["VIRTUAL"])  # after a while, and every worker refuses a world
     time.sleep(float(os.environ.get("DECLARE_AFTER", 0)))  # size that does not divide them.
-    from tfpar import worker_contract
     worker_contract.declare(replicas_per_worker=1, virtual_replicas=virtual)
     if virtual % len(config["cluster"]["worker"]):
         sys.exit(2)
@@ -227,15 +229,19 @@ class ElasticLauncherTest(tf.test.TestCase):
         self.assertStartsWith(lines[1], "launcher: the restarts at 3 workers are used up (0 of "
                                         "0): slot 2 is lost")
 
-    def test_bad_ranges_and_an_elastic_job_that_could_not_resume_are_refused(self):
+    def test_bad_ranges_are_refused_and_an_elastic_job_is_told_it_restarts(self):
         with self.assertRaisesRegex(ConfigError, r"The fewest workers of an elastic job must be "
                                                  r"from 1 to num_workers \(2\)\. Received: "
                                                  r"min_workers=3\."):
-            launcher.launch([sys.executable, "-c", "pass", "--model_dir=x"], 2, min_workers=3)
-        with self.assertRaisesRegex(ConfigError, r"An elastic job \(2 to 4 workers\) goes on from "
-                                                 r"its last saved state: the command must carry "
-                                                 r"--model_dir=DIR"):
-            launcher.launch([sys.executable, "-c", "pass"], 4, min_workers=2)
+            launcher.launch([sys.executable, "-c", "pass"], 2, min_workers=3)
+        # An elastic job goes on from its saved state: its workers are told, as under restarts
+        # (tfpar-train then refuses to run without --model_dir).
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", "import os; print('restarts:', "
+                                  "os.environ['TFPAR_RESTARTS'])"], 2, out=out, min_workers=1,
+                                 network="host", all_output=True)
+        self.assertEqual(status, 0, out.getvalue())
+        self.assertEqual(out.getvalue().count("restarts: 1"), 2, out.getvalue())
 
     def test_the_script_takes_a_range_and_answers_a_bad_one_in_one_line(self):
         result = subprocess.run(

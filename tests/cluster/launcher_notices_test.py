@@ -3,6 +3,7 @@ notice, a notice at any moment (between two rounds, while workers start), a seco
 a worker, and each local worker's own GPUs (emulated: a list of GPUs given to the launcher)."""
 
 import io
+import json
 import os
 import re
 import signal
@@ -130,16 +131,20 @@ class NoticeAtAnyMomentTest(tf.test.TestCase):
     def test_a_notice_between_two_rounds_exits_85_in_one_line(self):
         rounds = []
 
+        model_dir = self.get_temp_dir()
+
         def failed_then_noticed(group):
             rounds.append(group.slots)
+            # Its chief declared its folder (as tfpar's savers do when they restore).
+            with open(group.worker_spec, "w") as f:
+                json.dump({"folder": model_dir}, f)
             os.kill(os.getpid(), signal.SIGTERM)  # While no worker runs.
             return RoundResult(Outcome.FAILED, 1, 0)
 
         out = io.StringIO()
-        model_dir = self.get_temp_dir()
         with mock.patch.object(worker_group.WorkerGroup, "run", failed_then_noticed):
-            status = launcher.launch([sys.executable, "-c", "pass",
-                                      f"--model_dir={model_dir}"], 2, out=out, max_restarts=3)
+            status = launcher.launch([sys.executable, "-c", "pass"], 2, out=out,
+                                     max_restarts=3)
         self.assertEqual(status, 85, out.getvalue())
         self.assertLen(rounds, 1)  # No second round started.
         self.assertEqual(launcher_lines(out.getvalue()), [

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -103,11 +104,12 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
     def test_a_job_that_always_fails_stops_after_its_restarts(self):
         model_dir = self.get_temp_dir()
         code = ("import json, os, sys\n"
+                "from tfpar import worker_contract\n"  # Its folder, as tfpar's savers declare.
+                f"worker_contract.declare(folder={model_dir!r})\n"
                 "rank = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
                 "sys.exit(3 if rank == 1 else 0)\n")
         out = io.StringIO()
-        status = launcher.launch([sys.executable, "-c", code, f"--model_dir={model_dir}"], 2,
-                                 out=out, max_restarts=2)
+        status = launcher.launch([sys.executable, "-c", code], 2, out=out, max_restarts=2)
         self.assertEqual(status, 3)
         lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
         self.assertEqual(lines, [
@@ -172,11 +174,11 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
             if not crash:
                 open(marker, "w").close()
             out = io.StringIO()
-            # The user's script takes no --model_dir: it says where it resumes from itself.
+            # The user's script takes no flags: its savers declare their folder to the launcher.
             status = launcher.launch(
                 [sys.executable, os.path.join(HERE, "user_resume_worker.py"),
                  os.path.join(base, "state"), marker, os.path.join(base, "final.npz"), resume,
-                 entry], 2, out=out, max_restarts=1, resumes_itself=True)
+                 entry], 2, out=out, max_restarts=1)
             self.assertEqual(status, 0, out.getvalue()[-3000:])
             if crash:
                 # The script's own savers record where it resumes: the launcher names it.
@@ -224,20 +226,33 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 f"if rank == 1 and not os.path.exists({marker!r}):\n"
                 f"    open({marker!r}, 'w').close(); sys.exit(130)\n")
         out = io.StringIO()
-        status = launcher.launch([sys.executable, "-c", code, f"--model_dir={model_dir}"], 2,
-                                 out=out, max_restarts=1)
+        status = launcher.launch([sys.executable, "-c", code], 2, out=out, max_restarts=1)
         self.assertEqual(status, 0, out.getvalue())
         self.assertIn("launcher: worker 1 exited with 130; stopped the other workers.\n"
                       "launcher: restart 1 of 1", out.getvalue())
 
-    def test_restarts_need_a_model_dir_and_skip_bad_input(self):
-        with self.assertRaisesRegex(ConfigError, r"Restarts \(max_restarts=1\) resume the job "
-                                                 r"from its last saved epoch: the command must "
-                                                 r"carry --model_dir=DIR .*, set resumes_itself"):
-            launcher.launch([sys.executable, "-c", "pass"], 2, max_restarts=1)
+    def test_restarts_are_told_to_the_workers_and_skip_bad_input(self):
+        # The workers learn that restarts follow from their environment (the launcher reads
+        # no flag of theirs); a command whose chief declares no folder starts again as it is,
+        # and the line says so.
+        marker = os.path.join(self.get_temp_dir(), "failed_once")
+        code = ("import os, sys\n"
+                "print('restarts:', os.environ['TFPAR_RESTARTS'])\n"
+                f"if not os.path.exists({marker!r}):\n"
+                f"    open({marker!r}, 'w').close(); sys.exit(3)\n")
+        out = io.StringIO()
+        status = launcher.launch([sys.executable, "-c", code], 1, out=out, max_restarts=1,
+                                 network="host")
+        self.assertEqual(status, 0, out.getvalue())
+        self.assertIn("launcher: restart 1 of 1: starting every worker again, from scratch (the "
+                      "command's chief declared no folder of saved state).\n", out.getvalue())
+        self.assertEqual(out.getvalue().count("restarts: 1"), 2, out.getvalue())
+        out = io.StringIO()
+        self.assertEqual(launcher.launch([sys.executable, "-c", code], 1, out=out,
+                                         network="host"), 0)
+        self.assertIn("restarts: 0", out.getvalue())
         out = io.StringIO()  # Exit 2 (bad input) fails the same way again: no restart.
-        status = launcher.launch([sys.executable, "-c", "import sys; sys.exit(2)",
-                                  f"--model_dir={self.get_temp_dir()}"], 1, out=out,
+        status = launcher.launch([sys.executable, "-c", "import sys; sys.exit(2)"], 1, out=out,
                                  max_restarts=3)
         self.assertEqual(status, 2)
         self.assertNotIn("restart", out.getvalue())
@@ -291,9 +306,6 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
                                                    "--num_devices=1,2"]),
                              ["", "allreduce_1_devices", "allreduce_2_devices"])
-        self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
-        self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir=e"]), "e")
-        self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))
 
     def test_cpu_workers_do_not_wait_for_the_hosts_gpus_to_be_listed(self):
         # --gpus_per_worker=0: nvidia-smi (up to 30 s, a notice waiting for it; a failure
@@ -309,17 +321,26 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                 out=out, network="host", gpus_per_worker=0)
         self.assertEqual(status, 0, out.getvalue())
 
-    def test_the_model_dir_is_read_as_the_workers_absl_flags_read_it(self):
+    def test_the_deprecated_flag_readers_read_as_the_workers_absl_flags_read(self):
         # The last of a repeated flag wins, one dash is a flag too, absl's --flagfile holds
         # flags in its place, and a wrapper's "--" is looked past.
-        self.assertEqual(launcher.model_dir_of(["t", "--model_dir=a", "--model_dir=b"]), "b")
         flagfile = os.path.join(self.get_temp_dir(), "job.flags")
         with open(flagfile, "w") as f:
             f.write("# The job's flags\n--model_dir=f\n--num_devices=2\n")
-        self.assertEqual(launcher.model_dir_of(["t", f"--flagfile={flagfile}"]), "f")
-        self.assertEqual(launcher.model_dir_of(["t", "--flagfile", flagfile, "--model_dir=g"]),
-                         "g")
-        self.assertEqual(launcher.model_dir_of(["uv", "run", "--", "t", "-model_dir=c"]), "c")
+        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
+            self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
+        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
+            self.assertEqual(launcher.flag_of(["python", "t.py", "--strategy=m"], "strategy"),
+                             "m")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.assertIsNone(launcher.model_dir_of(["python", "t.py"]))
+            self.assertEqual(launcher.model_dir_of(["t", "--model_dir=a", "--model_dir=b"]), "b")
+            self.assertEqual(launcher.model_dir_of(["t", f"--flagfile={flagfile}"]), "f")
+            self.assertEqual(launcher.model_dir_of(["t", "--flagfile", flagfile,
+                                                    "--model_dir=g"]), "g")
+            self.assertEqual(launcher.model_dir_of(["uv", "run", "--", "t", "-model_dir=c"]),
+                             "c")
 
     def test_each_worker_gets_its_own_tf_config(self):
         configs = [json.loads(c) for c in launcher.tf_configs(3)]
@@ -526,15 +547,19 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
     def test_the_script_answers_bad_input_with_one_line(self):
         for command, message in ((["--", "/nonexistent"], "Error: Cannot run '/nonexistent'"),
                                  ([], "Error: Give the command to run after '--'"),
-                                 (["--max_restarts=1", "--", "python", "my_fit.py"],
-                                  "or, if it resumes by itself (Keras's BackupAndRestore, "
-                                  "tfpar's EpochCheckpoint), set --resumes_itself.")):
+                                 (["--max_restarts=1", "--num_workers=1", "--network=host",
+                                   "--", sys.executable, os.path.join(ROOT, "scripts",
+                                                                      "train.py")],
+                                  "Error: The launcher starts this job again after a failure, "
+                                  "from its last saved state: give --model_dir=DIR, where the "
+                                  "state is saved.")):
             result = subprocess.run(
                 [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), *command],
                 capture_output=True, text=True, timeout=120)
-            self.assertEqual(result.returncode, 2)
-            self.assertNotIn("Traceback", result.stderr)
-            self.assertIn(message, result.stderr)
+            said = result.stderr + result.stdout  # A worker's lines come prefixed on stdout.
+            self.assertEqual(result.returncode, 2, said)
+            self.assertNotIn("Traceback", said)
+            self.assertIn(message, said)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ class MultiWorkerExactResumeTest(tf.test.TestCase, parameterized.TestCase):
         command = [sys.executable, WORKER, entry, model, resume, os.path.join(base, "state"),
                    os.path.join(base, "final"), *(["interrupt"] if interrupt else [])]
         status = launcher.launch(command, workers, out=out, max_restarts=max_restarts,
-                                 resumes_itself=True, min_workers=min_workers)
+                                 min_workers=min_workers)
         return status, out.getvalue()
 
     def final(self, base, ranks=(0, 1)):

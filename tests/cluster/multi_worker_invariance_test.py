@@ -29,8 +29,7 @@ class MultiWorkerInvarianceTest(tf.test.TestCase, parameterized.TestCase):
         out = io.StringIO()
         command = [sys.executable, WORKER, str(local), "4", os.path.join(base, "state"),
                    os.path.join(base, "final"), stop_at or "-", api]
-        status = launcher.launch(command, workers, out=out, resumes_itself=True,
-                                 min_workers=min_workers)
+        status = launcher.launch(command, workers, out=out, min_workers=min_workers)
         return status, out.getvalue()
 
     def one_process(self, base: str) -> dict:

@@ -19,13 +19,14 @@ from tfpar.cluster.restart_policy import growth_due
 from tfpar.cluster.restart_policy import notice_status
 
 DIR = "/state"
-SAVED = Progress((1, 0), (2, 0))  # The round saved epoch 2.
-NOTHING_NEW = Progress((2, 0), (2, 0))
-FIRST_ROUND = Progress((0, 0), (0, 0))
+SAVED = Progress((1, 0), (2, 0), DIR)  # The round saved epoch 2.
+NOTHING_NEW = Progress((2, 0), (2, 0), DIR)
+FIRST_ROUND = Progress((0, 0), (0, 0), DIR)
 
 
-def fixed(workers=2, max_restarts=0, failures=0, model_dir=DIR):
-    return JobState(elastic.WorkerSlots(workers, workers), max_restarts, failures, model_dir)
+def fixed(workers=2, max_restarts=0, failures=0, resumes_itself=False):
+    return JobState(elastic.WorkerSlots(workers, workers), max_restarts, failures,
+                    resumes_itself)
 
 
 def elastic_job(minimum, maximum, max_restarts=0, failures=0, lost=(), rejoining=(),
@@ -34,7 +35,7 @@ def elastic_job(minimum, maximum, max_restarts=0, failures=0, lost=(), rejoining
     slots.running = [s for s in range(maximum) if s not in lost]
     slots.lost, slots.rejoining = list(lost), list(rejoining)
     slots.next_try_epochs = next_try
-    return JobState(slots, max_restarts, failures, DIR)
+    return JobState(slots, max_restarts, failures)
 
 
 @dataclasses.dataclass
@@ -66,15 +67,21 @@ TABLE = {
         "launcher: restart 1 of 1: starting every worker again, from scratch (no epoch saved "
         "in /state yet).", [0, 1], 1),
     "a_failure_restarted_by_a_command_that_resumes_itself": Row(
-        RoundResult(Outcome.FAILED, 1, 0), Progress(), fixed(max_restarts=1, model_dir=None),
+        RoundResult(Outcome.FAILED, 1, 0), Progress(), fixed(max_restarts=1, resumes_itself=True),
         Action.START, 0, "launcher: restart 1 of 1: starting every worker again; the command "
         "resumes by itself.", [0, 1], 1),
+    # A command whose chief declared no folder (a script saving nothing tfpar can see) starts
+    # again as it is, and the line says so.
+    "a_failure_restarted_from_scratch_where_no_folder_was_declared": Row(
+        RoundResult(Outcome.FAILED, 1, 0), Progress(), fixed(max_restarts=1), Action.START, 0,
+        "launcher: restart 1 of 1: starting every worker again, from scratch (the command's "
+        "chief declared no folder of saved state).", [0, 1], 1),
     "restarts_used_up": Row(
         RoundResult(Outcome.FAILED, 3, 0), SAVED, fixed(max_restarts=1, failures=1),
         Action.EXIT, 3, "launcher: restarts used up (1 of 1); exiting with the failed worker's "
         "status (3)."),
     "a_preemption_that_saved_is_not_counted": Row(
-        RoundResult(Outcome.PREEMPTED, 85, 1), Progress((1, 0), (1, 4)),
+        RoundResult(Outcome.PREEMPTED, 85, 1), Progress((1, 0), (1, 4), DIR),
         fixed(max_restarts=1, failures=1), Action.START, 0,
         "launcher: the job was preempted after saving; starting every worker again (not counted "
         "as a failure), resuming from epoch 2 step 4 in /state.", [0, 1], 1),
@@ -92,7 +99,7 @@ TABLE = {
         0, "launcher: restart 1 of 1: starting every worker again, resuming from epoch 2 in "
         "/state.", [0, 1], 1),
     "a_notice_to_the_launcher": Row(
-        RoundResult(Outcome.NOTICE, 85), Progress((2, 0), (2, 5)), fixed(max_restarts=3),
+        RoundResult(Outcome.NOTICE, 85), Progress((2, 0), (2, 5), DIR), fixed(max_restarts=3),
         Action.EXIT, 85, "launcher: preempted; the workers exited with 85, the state saved at "
         "epoch 3 step 5 in /state."),
     "a_notice_to_the_launcher_whose_save_ran_out_of_grace": Row(
@@ -110,8 +117,8 @@ TABLE = {
     # 143 is its status, and the steps since its last save are lost.
     "a_notice_that_killed_a_script_during_training": Row(
         RoundResult(Outcome.NOTICE, 85, statuses=(143, 143)),
-        Progress((0, 0), (0, 15), "/state"),
-        fixed(max_restarts=3, model_dir=None), Action.EXIT, 143,
+        Progress((0, 0), (0, 15), DIR),
+        fixed(max_restarts=3), Action.EXIT, 143,
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): a rerun resumes at epoch 1 "
         "step 15 in /state, and the training since is lost."),
@@ -126,7 +133,7 @@ TABLE = {
     # its status, not 85 and "ended while starting, with nothing to save".
     "a_notice_that_killed_a_users_script_that_records_nothing": Row(
         RoundResult(Outcome.NOTICE, 85, statuses=(143,)), Progress(recorded=False),
-        dataclasses.replace(fixed(workers=1, model_dir=None), program=False), Action.EXIT, 143,
+        dataclasses.replace(fixed(workers=1), program=False), Action.EXIT, 143,
         "launcher: preempted; the workers exited with 143 (ended by the notice's SIGTERM "
         "without saving: the command does not save on a notice): the training since the last "
         "complete state is lost."),
@@ -138,7 +145,7 @@ TABLE = {
         Action.EXIT, 85, "launcher: preempted; exiting with 85: no worker was running."),
     "a_notice_between_rounds": Row(
         RoundResult(Outcome.NOTICE, 85, workers_ran=False),
-        Progress((2, 0), (2, 0), recorded=False),
+        Progress((2, 0), (2, 0), DIR, recorded=False),
         fixed(max_restarts=3), Action.EXIT, 85,
         "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state: no worker "
         "was running."),
@@ -146,14 +153,14 @@ TABLE = {
     # nothing was lost, and the line says their real status.
     "a_notice_while_the_workers_started": Row(
         RoundResult(Outcome.NOTICE, 85, statuses=(143, 85)),
-        Progress((2, 0), (2, 0), recorded=False), fixed(max_restarts=3), Action.EXIT, 85,
+        Progress((2, 0), (2, 0), DIR, recorded=False), fixed(max_restarts=3), Action.EXIT, 85,
         "launcher: preempted; exiting with 85, the state saved at epoch 2 in /state: worker 0 "
         "was ended by the notice while starting (exit 143), before it watched for notices, "
         "with nothing to save."),
     # One worker's own notice whose save ran out of grace: not "preempted after saving".
     "a_workers_notice_whose_save_ran_out_of_grace": Row(
         RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(69, 85)),
-        Progress((1, 0), (2, 0)), fixed(max_restarts=1), Action.START, 0,
+        Progress((1, 0), (2, 0), DIR), fixed(max_restarts=1), Action.START, 0,
         "launcher: the job was preempted, but worker 1 could not save the notice's state "
         "within the grace budget (the training since the last save is lost); starting every "
         "worker again (not counted as a failure), resuming from epoch 2 in /state.", [0, 1],
@@ -162,12 +169,12 @@ TABLE = {
     # out of grace: the line names the worker whose record says so, not the first seen.
     "a_chiefs_save_ran_out_of_grace_after_a_peer_stopped": Row(
         RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(85, 85), lost_by=(0,)),
-        Progress((1, 0), (2, 0)), fixed(), Action.EXIT, 85,
+        Progress((1, 0), (2, 0), DIR), fixed(), Action.EXIT, 85,
         "launcher: preempted; worker 0 could not save the notice's state within the grace "
         "budget: a rerun resumes at epoch 2 in /state, and the training since is lost."),
     "a_workers_notice_whose_save_ran_out_of_grace_without_restarts": Row(
         RoundResult(Outcome.PREEMPTED, 85, 1, work_lost=True, statuses=(69, 85)),
-        Progress((1, 0), (2, 0)), fixed(), Action.EXIT, 85,
+        Progress((1, 0), (2, 0), DIR), fixed(), Action.EXIT, 85,
         "launcher: preempted; worker 1 could not save the notice's state within the grace "
         "budget: a rerun resumes at epoch 2 in /state, and the training since is lost."),
     "ctrl_c": Row(
@@ -220,7 +227,7 @@ TABLE = {
         "again after epoch 4 or at a restart); going on with 2 workers of 3, resuming from "
         "epoch 2 in /state.", [0, 1], 0),
     "growth_at_an_epoch_boundary": Row(
-        RoundResult(Outcome.GROWING), Progress((2, 0), (3, 4)),
+        RoundResult(Outcome.GROWING), Progress((2, 0), (3, 4), DIR),
         elastic_job(2, 4, max_restarts=1, failures=1, lost=(3,), next_try=3), Action.START, 0,
         "launcher: growing back to 4 workers (slot 3 rejoins), resuming from epoch 4 step 4 "
         "in /state.", [0, 1, 2, 3], 0),

@@ -27,7 +27,8 @@ flags.DEFINE_string("num_workers", "2",
                     "Number of worker processes: N, or MIN:MAX for an elastic job (as torchrun's "
                     "--nnodes), which goes on with fewer workers, down to MIN, when one keeps "
                     "failing (more than --max_restarts times at a number of workers), from the "
-                    "last state saved in the command's --model_dir at the same global batch, and "
+                    "last state saved in the folder the job's chief declares (tfpar-train's "
+                    "--model_dir) at the same global batch, and "
                     "tries the lost ones again at the next restart or epoch boundary.")
 flags.DEFINE_enum("network", "private", list(launcher.NETWORKS),
                   "private: the workers run on a loopback network of their own, which nothing "
@@ -40,12 +41,14 @@ flags.DEFINE_string("host", "127.0.0.1",
 flags.DEFINE_integer("max_restarts", 0,
                      "After a worker fails (a crash, a kill, a lost peer), stop the others and "
                      "start the whole job again with new ports, up to this many times; each "
-                     "restart resumes from the last epoch saved in the command's --model_dir, "
-                     "which it must carry unless --resumes_itself.")
+                     "restart resumes from the last state saved in the folder the job's chief "
+                     "declares (tfpar-train's --model_dir, which it then requires; Keras's "
+                     "BackupAndRestore and tfpar's EpochCheckpoint declare theirs), else it "
+                     "starts from scratch and says so.")
 flags.DEFINE_bool("resumes_itself", False,
-                  "The command resumes by itself when started again (your script with Keras's "
-                  "BackupAndRestore or tfpar's EpochCheckpoint): --max_restarts needs no "
-                  "--model_dir in it.")
+                  "The command resumes by itself when started again from a state whose folder "
+                  "it does not declare (your script with a saver of its own): a restart's line "
+                  "says so instead of 'from scratch'.")
 flags.DEFINE_integer("gpus_per_worker", None,
                      "GPUs each worker gets of this host's (CUDA_VISIBLE_DEVICES, else those "
                      "nvidia-smi lists, else, where it is missing or fails, those the driver lists "

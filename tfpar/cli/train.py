@@ -119,6 +119,7 @@ def main(argv: list[str]) -> None:
         print(common.strategy_listing(OPTION_FLAGS))
         return
     config, device_sets = config_from_flags()
+    _check_restartable(config)
     # A notice from here on stops the program with the preempted status: at once before and
     # after training, at the job's agreed step during it (saving the state with --model_dir).
     preemption.NOTICE.watch(preemption.notice_signals(config.preemption_signal),
@@ -127,6 +128,17 @@ def main(argv: list[str]) -> None:
         _train_and_report(config, device_sets)
     finally:  # A process that runs main and goes on (a test) gets its handlers back.
         preemption.NOTICE.unwatch()
+
+
+def _check_restartable(config: config_lib.TrainConfig) -> None:
+    """Under a launcher that starts the job again after a failure, the state must be saved and
+    resumed: refused in one line otherwise (a restart would train from scratch again)."""
+    if os.environ.get(worker_contract.RESTARTS_ENV) != "1":
+        return
+    if config.model_dir is None or not config.resume:
+        raise ConfigError("The launcher starts this job again after a failure, from its last "
+                          "saved state: give --model_dir=DIR, where the state is saved"
+                          f"{'' if config.resume else ', and drop --noresume'}.")
 
 
 def _train_and_report(config: config_lib.TrainConfig, device_sets: list) -> None:

@@ -17,7 +17,8 @@ parent-death signal), so a launcher run again never shares a model folder with o
 
 With ``max_restarts`` it restarts the whole group after a failure, as ``torchrun
 --max-restarts`` does: the failed worker's peers are stopped and every worker starts again with
-fresh ports, resuming from the last state its command's ``--model_dir`` holds.
+fresh ports, resuming from the last state in the folder the job's chief declared
+(:class:`~tfpar.worker_contract.WorkerSpec`; the launcher never reads its command's flags).
 
 With ``min_workers`` below ``num_workers`` the job is elastic (:mod:`.elastic`): a worker that
 fails more often than ``max_restarts`` allows is lost and the job goes on with the others, down
@@ -89,9 +90,20 @@ INTERRUPTED_STATUS = ExitStatus.INTERRUPTED
 
 
 def flag_of(command: Sequence[str], name: str) -> str | None:
-    """The value of ``--name`` in a command line, or ``None``, as absl reads it: ``--name=V``,
-    ``--name V`` or with one dash (``-name=V``), the last one given winning (a wrapper's ``--``,
-    as in ``uv run -- python t.py``, is looked past)."""
+    """The value of ``--name`` in a command line, or ``None``, as absl reads it.
+
+    Deprecated: the launcher reads what its workers declare
+    (:class:`tfpar.worker_contract.WorkerSpec`), never their flags; removed in 0.5.0.
+    """
+    warnings.warn("tfpar.cluster.launcher.flag_of is deprecated: a worker declares what the "
+                  "launcher needs (tfpar.worker_contract.WorkerSpec).", DeprecationWarning,
+                  stacklevel=2)
+    return _flag_of(command, name)
+
+
+def _flag_of(command: Sequence[str], name: str) -> str | None:
+    """``--name=V``, ``--name V`` or with one dash (``-name=V``), the last one given winning
+    (a wrapper's ``--``, as in ``uv run -- python t.py``, is looked past)."""
     value = None
     args = iter(_with_flagfiles(command))
     for arg in args:
@@ -137,8 +149,15 @@ def _with_flagfiles(command: Sequence[str], depth: int = 0) -> list[str]:
 
 
 def model_dir_of(command: Sequence[str]) -> str | None:
-    """The ``--model_dir`` a tfpar training command carries, or ``None``."""
-    return flag_of(command, "model_dir")
+    """The ``--model_dir`` a tfpar training command carries, or ``None``.
+
+    Deprecated: the launcher reads the folder the command's chief declares
+    (:class:`tfpar.worker_contract.WorkerSpec`), never its flags; removed in 0.5.0.
+    """
+    warnings.warn("tfpar.cluster.launcher.model_dir_of is deprecated: a worker declares its "
+                  "folder (tfpar.worker_contract.WorkerSpec), which the launcher reads.",
+                  DeprecationWarning, stacklevel=2)
+    return _flag_of(command, "model_dir")
 
 
 def run_folders(command: Sequence[str]) -> list[str]:
@@ -151,10 +170,10 @@ def run_folders(command: Sequence[str]) -> list[str]:
     warnings.warn("tfpar.cluster.launcher.run_folders is deprecated: a worker declares its "
                   "folder (tfpar.worker_contract.WorkerSpec), which the launcher reads.",
                   DeprecationWarning, stacklevel=2)
-    strategy = flag_of(command, "strategy") or "mirrored"
-    names = flag_of(command, "devices")
+    strategy = _flag_of(command, "strategy") or "mirrored"
+    names = _flag_of(command, "devices")
     counts = ([len([n for n in names.split(",") if n.strip()])] if names
-              else [int(n) for n in (flag_of(command, "num_devices") or "1").split(",")
+              else [int(n) for n in (_flag_of(command, "num_devices") or "1").split(",")
                     if n.strip().isdigit()])
     return ["", *(worker_contract.run_folder_name(strategy, n) for n in counts)]
 
@@ -188,13 +207,18 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         max_restarts: How many times the whole group is started again after a worker fails
             (a non-zero exit other than 2, bad input: a crash, a kill, a worker stopped by a
             signal of its own, a peer lost; not Ctrl-C to the launcher). Each restart resumes
-            from the last state saved in the command's ``--model_dir``, which it must carry
-            unless ``resumes_itself``. A job preempted after saving progress (its workers
-            exited with the preempted status) is restarted too, without counting a failure.
-            For an elastic job, the restarts at each number of workers.
-        resumes_itself: The command resumes by itself when started again (a user's script
-            with Keras's ``BackupAndRestore`` or tfpar's ``EpochCheckpoint``): restarts need no
-            ``--model_dir`` in it.
+            from the last state saved in the folder the job's chief declared
+            (:func:`~tfpar.worker_contract.declare`: ``tfpar-train --model_dir``, tfpar's
+            ``EpochCheckpoint`` and Keras's ``BackupAndRestore`` declare theirs); a command
+            whose chief declared none starts again from scratch, and the line says so. The
+            workers are told restarts follow (:data:`~tfpar.worker_contract.RESTARTS_ENV`):
+            ``tfpar-train`` without ``--model_dir`` refuses to start, exit 2. A job preempted
+            after saving progress (its workers exited with the preempted status) is restarted
+            too, without counting a failure. For an elastic job, the restarts at each number of
+            workers.
+        resumes_itself: The command resumes by itself from a state whose folder its chief does
+            not declare (a saver of its own): a restart's line says so instead of "from
+            scratch".
         min_workers: The fewest workers an elastic job goes on with (``None``: as many as
             ``num_workers``, not elastic). When a worker fails once more than ``max_restarts``
             allows, it is lost and the others go on from the last saved state, while at least
@@ -223,11 +247,10 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
 
     Raises:
         ConfigError: If the command is empty or cannot be run, ``num_workers`` < 1,
-            ``min_workers`` is not from 1 to ``num_workers``, ``host`` is not an address of
-            this machine (or not loopback on a private network), a private network cannot be
-            made here, ``CUDA_VISIBLE_DEVICES`` lists a GPU twice, restarts (``max_restarts``,
-            or an elastic job) are asked without ``--model_dir`` in the command nor
-            ``resumes_itself``, or the workers need more GPUs than the host shows. (A
+            ``min_workers`` is not from 1 to ``num_workers``, ``max_restarts`` is not an integer
+            >= 0, ``host`` is not an address of this machine (or not loopback on a private
+            network), a private network cannot be made here, ``CUDA_VISIBLE_DEVICES`` lists a
+            GPU twice, or the workers need more GPUs than the host shows. (A
             world-size-invariant job whose replicas do not divide its shards is refused by
             its workers, exit 2; the sizes an elastic one shrinks to are those its chief
             declares, :class:`~tfpar.worker_contract.WorkerSpec`.)
@@ -241,18 +264,18 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
         stack.enter_context(preemption.NOTICE.handed_over())
         if subscribed:  # Before the hand-over ends, as the handlers were set before it began.
             stack.callback(signal_router.unsubscribe)
-        model_dir = model_dir_of(command)
-        _check_launch(command, num_workers, min_workers, host, network, max_restarts,
-                      model_dir if model_dir is not None or not resumes_itself else "")
+        _check_launch(command, num_workers, min_workers, host, network, max_restarts)
         out = out or sys.stdout
         given = _gpu_shares(num_workers, gpus, gpus_per_worker, out)
         # Where each round's chief declares itself (folder, grace budget, replicas).
         records = tempfile.mkdtemp(prefix="tfpar-spec-")
         stack.callback(shutil.rmtree, records, True)
-        job = _Job(command, host, out, all_output, network, given, records)
-        state = JobState(elastic.WorkerSlots(
-            num_workers if min_workers is None else min_workers, num_workers), max_restarts, 0,
-            model_dir, program=signal_router.command_runs_program(command))
+        slots = elastic.WorkerSlots(num_workers if min_workers is None else min_workers,
+                                    num_workers)
+        job = _Job(command, host, out, all_output, network, given, records,
+                   restarts=bool(max_restarts or slots.elastic))
+        state = JobState(slots, max_restarts, 0, resumes_itself,
+                         program=signal_router.command_runs_program(command))
         while True:
             decision = job.round(state)
             if decision.line:
@@ -299,6 +322,8 @@ class _Job:
     gpus: dict[int, str]
     records: str
     """The folder of the rounds' worker specs."""
+    restarts: bool = False
+    """Whether a failed round is started again (restarts, or an elastic job)."""
     known: Progress = dataclasses.field(default_factory=Progress)
     """The last progress a chief's folder showed."""
     rounds: int = 0
@@ -311,7 +336,8 @@ class _Job:
                             self.all_output, self.network,
                             preemption.DEFAULT_GRACE_SECONDS + PREEMPTION_MARGIN_SECONDS,
                             self.gpus, _growth_due(state.slots, spec, self.known),
-                            spec, grace_margin=PREEMPTION_MARGIN_SECONDS)
+                            spec, grace_margin=PREEMPTION_MARGIN_SECONDS,
+                            restarts=self.restarts)
         try:
             check_signals()  # A signal before or between rounds: no worker is running.
             result = group.run()
@@ -364,7 +390,7 @@ def _growth_due(slots: elastic.WorkerSlots, spec: str, before: Progress
 
 
 def _check_launch(command: Sequence[str], num_workers: int, min_workers: int | None, host: str,
-                  network: str, max_restarts: int, model_dir: str | None) -> None:
+                  network: str, max_restarts: int) -> None:
     """Raises :class:`ConfigError` for what :func:`launch` cannot run (see its Raises)."""
     if not command:
         raise ConfigError("The command to run is empty: give the program and its arguments, "
@@ -374,21 +400,9 @@ def _check_launch(command: Sequence[str], num_workers: int, min_workers: int | N
     if min_workers is not None and not 1 <= min_workers <= num_workers:
         raise ConfigError(f"The fewest workers of an elastic job must be from 1 to num_workers "
                           f"({num_workers}). Received: min_workers={min_workers}.")
-    if min_workers is not None and min_workers < num_workers and model_dir is None:
-        raise ConfigError(f"An elastic job ({min_workers} to {num_workers} workers) goes on "
-                          "from its last saved state: the command must carry --model_dir=DIR "
-                          "(where the epochs are saved), or, if it resumes by itself (Keras's "
-                          "BackupAndRestore, tfpar's EpochCheckpoint), set {argument}.",
-                          argument="resumes_itself")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"{{argument}} must be an integer >= 0. Received: "
                           f"{{argument}}={max_restarts!r}.", argument="max_restarts")
-    if max_restarts and model_dir is None:
-        raise ConfigError(f"Restarts (max_restarts={max_restarts}) resume the job from its last "
-                          "saved epoch: the command must carry --model_dir=DIR (where the "
-                          "epochs are saved), or, if it resumes by itself (Keras's "
-                          "BackupAndRestore, tfpar's EpochCheckpoint), set {argument}.",
-                          argument="resumes_itself")
     if network not in NETWORKS:
         raise ConfigError(f"Unknown network {network!r}. Allowed: {', '.join(NETWORKS)}.")
     if network == "private" and not _is_loopback(host):

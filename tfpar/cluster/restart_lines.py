@@ -34,11 +34,17 @@ def listed(slots: Sequence[int]) -> str:
     return ", ".join(map(str, slots))
 
 
-def start_line(which: str, after: Position, folder: str | None) -> str:
-    """The line of a new round: what starts (``which``), and where it resumes."""
+def start_line(which: str, after: Position, folder: str | None,
+               resumes_itself: bool = False) -> str:
+    """The line of a new round: what starts (``which``), and where it resumes (``folder``:
+    the one the chief declared; ``None`` where none was, and then the command resumes by itself
+    if ``resumes_itself``, else it starts from scratch)."""
+    if folder is None:
+        return (f"launcher: {which}; the command resumes by itself." if resumes_itself else
+                f"launcher: {which}, from scratch (the command's chief declared no folder of "
+                "saved state).")
     if after is None:
-        return (f"launcher: {which}; the command resumes by itself." if folder is None else
-                f"launcher: {which}, resuming from what {folder} holds.")
+        return f"launcher: {which}, resuming from what {folder} holds."
     if after != (0, 0):
         return f"launcher: {which}, resuming from {position_words(after)} in {folder}."
     return f"launcher: {which}, from scratch (no epoch saved in {folder} yet)."

@@ -91,7 +91,7 @@ class Progress:
     before: tuple[int, int] | None = None
     after: tuple[int, int] | None = None
     folder: str | None = None
-    """Where that state is (``None``: the command's ``--model_dir``)."""
+    """Where that state is, as the chief declared it (``None``: none declared)."""
     recorded: bool = True
     """Whether the round's chief recorded it (so training had begun in this round); ``False``:
     carried over from an earlier round, or none known."""
@@ -110,7 +110,9 @@ class JobState:
         slots: The worker slots (which run, which are lost).
         max_restarts: Restarts allowed after failures, at each number of workers.
         failures: Failures counted against them at the current number of workers.
-        model_dir: Where the command saves its state (``None``: it resumes by itself).
+        resumes_itself: The command resumes by itself where its chief declares no folder of
+            saved state (a script with a saver of its own); else a restart of such a command
+            starts from scratch, and its line says so.
         port_attempts: Rounds in a row whose workers found a port taken.
         program: Whether the command is one of tfpar's programs, which watch for notices from
             their first import of tfpar: a worker the notice's SIGTERM ended had not begun
@@ -121,7 +123,7 @@ class JobState:
     slots: elastic.WorkerSlots
     max_restarts: int = 0
     failures: int = 0
-    model_dir: str | None = None
+    resumes_itself: bool = False
     port_attempts: int = 0
     program: bool = True
 
@@ -201,8 +203,8 @@ class _Round:
 
     @property
     def folder(self) -> str | None:
-        """Where the job's state is (``None``: the command resumes by itself)."""
-        return self.progress.folder or self.state.model_dir
+        """Where the job's state is, as its chief declared it (``None``: none declared)."""
+        return self.progress.folder
 
     def exit(self, status: int, line: str | None = None) -> Decision:
         """Exit with ``status``, saying ``line``."""
@@ -212,7 +214,8 @@ class _Round:
     def start(self, which: str) -> Decision:
         """Start another round; ``which`` says what starts, the line adds where it resumes."""
         return Decision(Action.START, 0, lines.start_line(which, self.progress.after,
-                                                          self.folder),
+                                                          self.folder,
+                                                          self.state.resumes_itself),
                         dataclasses.replace(self.state, slots=self.slots,
                                             failures=self.failures, port_attempts=0))
 

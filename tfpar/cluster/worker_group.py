@@ -136,13 +136,17 @@ class WorkerGroup:
             (:data:`~tfpar.worker_contract.WORKER_SPEC_ENV`; ``None``: nowhere).
         grace_margin: Where the chief declared its grace budget, the workers get that budget
             plus this margin after a notice, instead of ``grace``.
+        restarts: The job is started again after a failure
+            (:data:`~tfpar.worker_contract.RESTARTS_ENV` tells the workers).
     """
 
     def __init__(self, command: Sequence[str], slots: Sequence[int], host: str, out: TextIO,
                  all_output: bool, network: str, grace: float,
                  gpus: Mapping[int, str] | None = None,
                  growth_due: Callable[[], str | None] | None = None,
-                 worker_spec: str | None = None, grace_margin: float = 0.0):
+                 worker_spec: str | None = None, grace_margin: float = 0.0,
+                 restarts: bool = False):
+        self.restarts = restarts
         self.command, self.slots, self.host, self.out = list(command), list(slots), host, out
         self.worker_spec, self.grace_margin = worker_spec, grace_margin
         self.all_output, self.network, self.grace = all_output, network, grace
@@ -212,7 +216,8 @@ class WorkerGroup:
                 worker_contract.TF_CONFIG_ENV: config, "PYTHONUNBUFFERED": "1",
                 worker_contract.SLOT_ENV: str(slot), worker_contract.STOP_RECORD_ENV: record,
                 worker_contract.ALL_OUTPUT_ENV: "1" if self.all_output else "0",
-                worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0"}
+                worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0",
+                worker_contract.RESTARTS_ENV: "1" if self.restarts else "0"}
             if slot in self.gpus:
                 variables[worker_contract.VISIBLE_GPUS_ENV] = self.gpus[slot]
             if self.worker_spec:  # The chief's; none for the others, whatever the launcher had.
