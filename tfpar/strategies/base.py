@@ -30,6 +30,7 @@ from typing import ClassVar
 import tensorflow as tf
 from keras import tree
 
+from tfpar import backup_saver
 from tfpar import errors
 from tfpar.cluster import peers as cluster_peers
 from tfpar.cluster import spec as cluster_spec
@@ -46,6 +47,9 @@ if TYPE_CHECKING:  # A tf.distribute.Strategy for type checkers; ``object`` at r
     from tensorflow.distribute import Strategy as _StrategyBase
 else:
     _StrategyBase = object
+
+# Keras's BackupAndRestore, as tfpar's fix of it runs, saves through tfpar's saver.
+keras_fixes.use_backup_saver(backup_saver)
 
 
 def _refusing_an_empty_replica(fn: Callable[..., Any]) -> Callable[..., Any]:

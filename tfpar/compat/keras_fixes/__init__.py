@@ -52,7 +52,7 @@ from tfpar.compat.keras_fixes.scalar_logs import ReportsGlobalValues
 
 __all__ = ["BACKUP_AND_RESTORE", "FIXES", "Fix", "FixUnavailable", "MODE_ENV",
            "ReportsGlobalValues", "VERIFIED_KERAS", "install", "installed", "skip_reason",
-           "status", "unavailable", "unavailable_line", "uninstall"]
+           "status", "unavailable", "unavailable_line", "uninstall", "use_backup_saver"]
 
 # The Keras versions the fixes were verified against (the defective code is unchanged from 3.0
 # to 3.15), and the switch: shared with every Keras workaround (tfpar.compat.versions).
@@ -76,6 +76,10 @@ FIXES: tuple[Fix, ...] = (
         mid_epoch_resume.wrap_enumerate_iterator, parameters=("self",)),
 )
 """Every fix, in the order they are installed."""
+
+use_backup_saver = backup_and_restore.use_saver
+"""Gives ``BackupAndRestore``'s fixes the saver they hand saving to
+(:func:`.backup_and_restore.use_saver`)."""
 
 BACKUP_AND_RESTORE: tuple[str, ...] = (*(fix.name for fix in backup_and_restore.FIXES),
                                        "mid_epoch_start")
