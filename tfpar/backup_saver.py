@@ -133,14 +133,20 @@ def save(callback: Any, original: Callable, next_step: int) -> None:
                      SEEDS_KEY: seeds, GENERATION_KEY: generation, FILES_KEY: written.files,
                      WEIGHTS_DIGEST_KEY: _sha256(os.path.join(
                          callback.backup_dir, _WEIGHTS_FILE.format(generation)))})
+    _commit(callback, partial, metadata, committed if double else None)
+
+
+def _commit(callback: Any, partial: str, metadata: dict[str, Any], kept: int | None) -> None:
+    """Commits the chief's save: its metadata (written to ``partial``) renamed over the last
+    one, then the folder's position record; the generations other than the new one (and
+    ``kept``, the one before, with ``double_checkpoint``) removed after."""
     atomic_io.write_text(partial, json.dumps(metadata))
-    if double and committed:  # The generation before stays, named by the .bkp metadata.
+    if kept:  # The generation before stays, named by the .bkp metadata.
         with open(callback._training_metadata_path, encoding="utf-8") as f:
             atomic_io.write_text(callback._prev_training_metadata_path, f.read())
     atomic_io.replace(partial, callback._training_metadata_path)  # The commit.
     worker_contract.commit_position(callback.backup_dir, _position(metadata))
-    _remove_other_generations(callback.backup_dir,
-                              {generation, committed} if double else {generation})
+    _remove_other_generations(callback.backup_dir, {metadata[GENERATION_KEY], kept or 0})
 
 
 def _declare(callback: Any, metadata: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
+from tfpar import backup_saver
 from tfpar import errors
 from tfpar import strategies
 from tfpar import testing
@@ -30,6 +31,11 @@ from tfpar.errors import DamagedStateError
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster",
                       "multi_worker_worker.py")
+
+
+def setUpModule():
+    # The fixes are installed here without a strategy, which gives BackupAndRestore's its saver.
+    keras_fixes.use_backup_saver(backup_saver)
 
 
 def fit_first_batch_of_five(strategy):
