@@ -244,13 +244,19 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         status = launcher.launch([sys.executable, "-c", code], 1, out=out, max_restarts=1,
                                  network="host")
         self.assertEqual(status, 0, out.getvalue())
-        self.assertIn("launcher: restart 1 of 1: starting every worker again, from scratch (the "
-                      "command's chief declared no folder of saved state).\n", out.getvalue())
+        self.assertIn("launcher: restart 1 of 1: starting every worker again, from scratch (no "
+                      "folder of saved state declared yet).\n", out.getvalue())
         self.assertEqual(out.getvalue().count("restarts: 1"), 2, out.getvalue())
         out = io.StringIO()
         self.assertEqual(launcher.launch([sys.executable, "-c", code], 1, out=out,
                                          network="host"), 0)
         self.assertIn("restarts: 0", out.getvalue())
+        # A launcher run by a launcher that restarts it: its workers are restarted with it.
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, {"TFPAR_WORKER_SLOT": "0", "TFPAR_RESTARTS": "1"}):
+            self.assertEqual(launcher.launch([sys.executable, "-c", code], 1, out=out,
+                                             network="host"), 0)
+        self.assertIn("restarts: 1", out.getvalue())
         out = io.StringIO()  # Exit 2 (bad input) fails the same way again: no restart.
         status = launcher.launch([sys.executable, "-c", "import sys; sys.exit(2)"], 1, out=out,
                                  max_restarts=3)
@@ -552,7 +558,19 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                                                                       "train.py")],
                                   "Error: The launcher starts this job again after a failure, "
                                   "from its last saved state: give --model_dir=DIR, where the "
-                                  "state is saved.")):
+                                  "state is saved."),
+                                 # An empty folder is none; --noresume would start over.
+                                 (["--max_restarts=1", "--num_workers=1", "--network=host",
+                                   "--", sys.executable, os.path.join(ROOT, "scripts",
+                                                                      "train.py"),
+                                   "--model_dir="],
+                                  "from its last saved state: give --model_dir=DIR, where the "
+                                  "state is saved.\n"),
+                                 (["--max_restarts=1", "--num_workers=1", "--network=host",
+                                   "--", sys.executable, os.path.join(ROOT, "scripts",
+                                                                      "train.py"),
+                                   "--model_dir=/tmp/x", "--noresume"],
+                                  "from its last saved state: drop --noresume.\n")):
             result = subprocess.run(
                 [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), *command],
                 capture_output=True, text=True, timeout=120)

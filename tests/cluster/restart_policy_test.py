@@ -74,8 +74,8 @@ TABLE = {
     # again as it is, and the line says so.
     "a_failure_restarted_from_scratch_where_no_folder_was_declared": Row(
         RoundResult(Outcome.FAILED, 1, 0), Progress(), fixed(max_restarts=1), Action.START, 0,
-        "launcher: restart 1 of 1: starting every worker again, from scratch (the command's "
-        "chief declared no folder of saved state).", [0, 1], 1),
+        "launcher: restart 1 of 1: starting every worker again, from scratch (no folder of "
+        "saved state declared yet).", [0, 1], 1),
     "restarts_used_up": Row(
         RoundResult(Outcome.FAILED, 3, 0), SAVED, fixed(max_restarts=1, failures=1),
         Action.EXIT, 3, "launcher: restarts used up (1 of 1); exiting with the failed worker's "

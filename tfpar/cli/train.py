@@ -135,10 +135,12 @@ def _check_restartable(config: config_lib.TrainConfig) -> None:
     resumed: refused in one line otherwise (a restart would train from scratch again)."""
     if os.environ.get(worker_contract.RESTARTS_ENV) != "1":
         return
-    if config.model_dir is None or not config.resume:
-        raise ConfigError("The launcher starts this job again after a failure, from its last "
-                          "saved state: give --model_dir=DIR, where the state is saved"
-                          f"{'' if config.resume else ', and drop --noresume'}.")
+    if config.model_dir and config.resume:
+        return
+    wanted = [] if config.model_dir else ["give --model_dir=DIR, where the state is saved"]
+    wanted += [] if config.resume else ["drop --noresume"]
+    raise ConfigError("The launcher starts this job again after a failure, from its last saved "
+                      f"state: {', and '.join(wanted)}.")
 
 
 def _train_and_report(config: config_lib.TrainConfig, device_sets: list) -> None:

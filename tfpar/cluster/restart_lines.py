@@ -41,8 +41,7 @@ def start_line(which: str, after: Position, folder: str | None,
     if ``resumes_itself``, else it starts from scratch)."""
     if folder is None:
         return (f"launcher: {which}; the command resumes by itself." if resumes_itself else
-                f"launcher: {which}, from scratch (the command's chief declared no folder of "
-                "saved state).")
+                f"launcher: {which}, from scratch (no folder of saved state declared yet).")
     if after is None:
         return f"launcher: {which}, resuming from what {folder} holds."
     if after != (0, 0):

@@ -118,6 +118,13 @@ def check_signals() -> None:
         raise SignalTaken(taken[0])
 
 
+def _restarted_itself() -> bool:
+    """Whether this launcher runs as a worker of another that restarts it (a launcher in a
+    launched command): its workers are restarted with it, so they are told so too."""
+    return (worker_contract.SLOT_ENV in os.environ
+            and os.environ.get(worker_contract.RESTARTS_ENV) == "1")
+
+
 class WorkerGroup:
     """Starts and watches one round of workers (see the module docstring).
 
@@ -217,7 +224,7 @@ class WorkerGroup:
                 worker_contract.SLOT_ENV: str(slot), worker_contract.STOP_RECORD_ENV: record,
                 worker_contract.ALL_OUTPUT_ENV: "1" if self.all_output else "0",
                 worker_contract.PRIVATE_NETWORK_ENV: "1" if namespace else "0",
-                worker_contract.RESTARTS_ENV: "1" if self.restarts else "0"}
+                worker_contract.RESTARTS_ENV: "1" if self.restarts or _restarted_itself() else "0"}
             if slot in self.gpus:
                 variables[worker_contract.VISIBLE_GPUS_ENV] = self.gpus[slot]
             if self.worker_spec:  # The chief's; none for the others, whatever the launcher had.
