@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import unittest
 from unittest import mock
@@ -518,6 +519,50 @@ class BackupAndRestoreCopiesAdviceTest(testing.StrategyTestCase):
         self.assertIn(path, str(raised.exception))
         self.assertNotIn("resume=False", str(raised.exception))
         self.assertIn(f"remove the backup folder {backup_dir}", str(raised.exception))
+
+
+BACKUP_FIT = """
+import os, sys, tempfile, warnings
+import numpy as np, keras, tensorflow as tf
+from absl import logging
+import tfpar
+from tfpar import strategies
+from tfpar.compat import keras_fixes
+warnings.simplefilter("ignore", DeprecationWarning)
+if sys.argv[1] == "foreign":  # A registered strategy not derived from TfparStrategy.
+    strategies.register("mine", lambda devices: tf.distribute.MirroredStrategy(
+        [getattr(d, "name", d) for d in devices]))
+    strategy = strategies.get("mine", devices=2)
+else:  # The fixes installed directly, no strategy.
+    keras_fixes.install()
+    strategy = tf.distribute.get_strategy()
+assert "tfpar.strategies.base" not in sys.modules
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+backup = tempfile.mkdtemp()
+model.fit(np.ones((16, 4), np.float32), np.ones((16, 1), np.float32), batch_size=4, epochs=2,
+          verbose=0, callbacks=[keras.callbacks.BackupAndRestore(
+              backup, save_freq=2, delete_checkpoint=False)])
+print(sorted(os.listdir(backup)))
+"""
+
+
+class BackupSaverGivenTest(tf.test.TestCase):
+    """The fix hands its saving to a saver: every path that installs it gives one, or it is
+    left out in one line (it crashed fit with a RuntimeError)."""
+
+    def test_every_path_that_installs_the_fix_gives_it_a_saver_or_leaves_it_out(self):
+        for path, files, said in (
+                ("foreign", "'generation-4.weights.h5', 'position.json'", ""),
+                ("direct", "'latest.weights.h5'", "no saver was given to hand its saving to")):
+            result = subprocess.run([sys.executable, "-c", BACKUP_FIT, path],
+                                    capture_output=True, text=True, timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            self.assertIn(files, result.stdout)
+            self.assertNotIn("Traceback", result.stderr)
+            if said:
+                self.assertIn(said, result.stderr)
 
 
 class OneFixPerModuleTest(tf.test.TestCase):

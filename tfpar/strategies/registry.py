@@ -388,6 +388,7 @@ def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
 
     if hasattr(strategy, "common_refusals") or strategy.num_replicas_in_sync == 1:
         return
+    from tfpar import backup_saver
     from tfpar.compat import keras_fixes
 
     warnings.warn(
@@ -395,4 +396,5 @@ def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
         "derive from tfpar.strategies.base.TfparStrategy; tfpar.strategies.get installs tfpar's "
         "Keras fixes for it until 0.4.0. Derive the class from TfparStrategy (before the "
         "tf.distribute class) to keep them.", DeprecationWarning, stacklevel=3)
+    keras_fixes.use_backup_saver(backup_saver)
     keras_fixes.install()

@@ -121,6 +121,8 @@ def install(names: tuple[str, ...] | None = None) -> None:
 
     On a Keras they were not verified against, warns once and installs nothing. A fix whose
     target is missing or changed is left out with one warning line; the others are installed.
+    ``BackupAndRestore``'s are installed once a saver was given (:data:`use_backup_saver`;
+    tfpar's strategies give it), else left out with one warning line each.
     """
     reason = skip_reason()
     if reason:
@@ -130,8 +132,16 @@ def install(names: tuple[str, ...] | None = None) -> None:
                             "%s. Uneven batches under 'mirrored' and fit under multi_worker may "
                             "fail.", reason)
         return
+    backup_fixes = {fix.name for fix in backup_and_restore.FIXES}
     for fix in FIXES:
         if (names is None or fix.name in names) and fix.name not in _originals:
+            if fix.name in backup_fixes and not backup_and_restore.has_saver():
+                if fix.name not in _said_unavailable:
+                    _said_unavailable.add(fix.name)
+                    logging.warning("%s", unavailable_line(
+                        fix, "no saver was given to hand its saving to (tfpar's strategies "
+                        "give tfpar.backup_saver: keras_fixes.use_backup_saver)"))
+                continue
             try:
                 owner, original = fix.target()
             except FixUnavailable as e:

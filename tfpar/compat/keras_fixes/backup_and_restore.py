@@ -44,7 +44,7 @@ import keras
 
 from tfpar.compat.keras_fixes.fix import Fix
 
-__all__ = ["FIXES", "BackupSaver", "use_saver"]
+__all__ = ["FIXES", "BackupSaver", "has_saver", "use_saver"]
 
 
 class BackupSaver(Protocol):
@@ -75,10 +75,14 @@ def use_saver(saver: BackupSaver) -> None:
     _saver[:] = [saver]
 
 
+def has_saver() -> bool:
+    """Whether a saver was given (the fixes are installed only then)."""
+    return bool(_saver)
+
+
 def _the_saver() -> BackupSaver:
-    if not _saver:
-        raise RuntimeError("tfpar's BackupAndRestore fix is installed without a saver: "
-                           "tfpar.strategies gives it one (use_saver).")
+    if not _saver:  # install() leaves the fixes out without one.
+        raise RuntimeError("tfpar's BackupAndRestore fix runs without a saver.")
     return _saver[0]
 
 
