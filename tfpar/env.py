@@ -101,9 +101,25 @@ def collect() -> dict[str, Any]:
                                           strategies.entry(name).options().items()}}
                        for name in strategies.available()},
         "cluster": _cluster(),
+        "saving": _saving(devices.gpu_count()),
         "keras_fixes": keras_fixes.status(),
         "iterator_release": iterator_release.status(),
     }
+
+
+def _saving(gpus: int) -> dict[str, str]:
+    """How training state is saved on this machine (``EpochCheckpoint``, ``--model_dir``)."""
+    from tfpar.callbacks import save_interval
+
+    budget = save_interval.percent(save_interval.BUDGET)
+    return {"write": "in the background: the step waits only for a copy of the state in "
+                     "host memory (write_in_background=False: within the step)",
+            "automatic_interval": (
+                f"the most frequent whose saves cost at most {budget} of the training time "
+                "(save_budget), counting "
+                + ("only the time a save holds the step, as its write runs beside the GPUs' "
+                   "steps" if gpus else "each write's time too, as it runs on the CPU cores "
+                   "the step runs on"))}
 
 
 def _mixed_bfloat16() -> str:

@@ -98,8 +98,9 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
         self._chief = cluster_spec.is_chief(strategy)
         self._local = tempfile.mkdtemp(prefix="tfpar-ray-")  # Ray uploads it at each epoch.
         weakref.finalize(self, shutil.rmtree, self._local, True)
+        # Written within the step: Ray takes the folder as each report is made.
         self._state = EpochCheckpoint(self._local, model, strategy, max_to_keep=1,
-                                      made_with=made_with)
+                                      made_with=made_with, write_in_background=False)
 
     def restore(self) -> int:
         """Restores Ray's latest checkpoint of this run, if it has one.

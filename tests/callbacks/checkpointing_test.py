@@ -4,6 +4,7 @@ import contextlib
 import io
 import os
 import re
+import time
 import unittest
 from unittest import mock
 
@@ -29,6 +30,12 @@ def batchnorm_model() -> keras.Model:
     return model
 
 
+def end_epoch(checkpoint: checkpointing.EpochCheckpoint, epoch: int, logs: dict) -> None:
+    """An epoch's end as fit ends it, its save committed (as the end of fit waits for it)."""
+    checkpoint.on_epoch_end(epoch, logs)
+    checkpoint.wait()
+
+
 class EpochCheckpointTest(testing.StrategyTestCase):
 
     def saved_once(self) -> tuple[str, checkpointing.EpochCheckpoint]:
@@ -39,7 +46,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             model = testing.tiny_model()
         checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy)
         checkpoint.set_model(model)
-        checkpoint.on_epoch_end(0, {"loss": 1.5})
+        end_epoch(checkpoint, 0, {"loss": 1.5})
         return directory, checkpoint
 
     def test_the_chief_declares_its_folder_and_commits_each_saves_position(self):
@@ -74,7 +81,8 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_params({"steps": 9})
         saved = []
         with mock.patch.object(checkpoint, "save_inside_epoch",
-                               side_effect=lambda epoch, steps: saved.append((epoch, steps))):
+                               side_effect=lambda epoch, steps, wait=True:
+                               saved.append((epoch, steps))):
             checkpoint.on_train_begin()
             checkpoint.on_epoch_begin(1)
             for batch in range(9):  # Steps 3 and 6; 9 is the epoch's end.
@@ -92,7 +100,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         now = [0.0]
         saved = []
 
-        def save(epoch, steps):  # A save takes 0.1 s.
+        def save(epoch, steps, wait=True):  # A save takes 0.1 s.
             now[0] += 0.1
             saved.append((epoch, steps))
 
@@ -130,11 +138,11 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_params({"steps": 3, "verbose": 1})
         inside, out = [], io.StringIO()
 
-        def save_at_end(epochs, steps):  # An epoch's end save takes 0.5 s.
+        def save_at_end(epochs, steps, background=False):  # An epoch's end save takes 0.5 s.
             now[0] += 0.5
 
         with mock.patch.object(checkpoint, "save_inside_epoch",
-                               side_effect=lambda *position: inside.append(position)), \
+                               side_effect=lambda *position, wait=True: inside.append(position)), \
                 mock.patch.object(checkpoint, "_save_or_raise", side_effect=save_at_end), \
                 contextlib.redirect_stdout(out):
             checkpoint.on_train_begin()
@@ -143,7 +151,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                 for batch in range(3):
                     now[0] += 1.0
                     checkpoint.on_train_batch_end(batch, {"loss": 1.0})
-                checkpoint.on_epoch_end(epoch, {"loss": 1.0})
+                end_epoch(checkpoint, epoch, {"loss": 1.0})
         self.assertEqual(inside, [])  # Never one step after an epoch's end save.
         self.assertEqual(checkpoint.interval, 25)  # 0.5 / (2% of 1 s).
         # On a line of its own after Keras's progress bar (verbose=1).
@@ -195,11 +203,66 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         directory, checkpoint = self.saved_once()
         finite = tf.train.latest_checkpoint(directory)
         with self.assertLogs(level="WARNING") as logs:
-            checkpoint.on_epoch_end(1, {"loss": float("nan")})
+            end_epoch(checkpoint, 1, {"loss": float("nan")})
         self.assertIn("Not saving epoch 2: its loss is nan", logs.output[0])
         # The last finite epoch stays the resume point.
         self.assertEqual(tf.train.latest_checkpoint(directory), finite)
         self.assertEqual(checkpoint.restore(), 1)
+
+    def fit_saving_every_two_steps(self, write, during=None):
+        """A fit of 8 steps on 2 devices, saving every 2 steps, whose TensorFlow writes go
+        through ``write(number, original)``; the steps trained while a write was in flight
+        are appended to ``during``. Returns its checkpoint."""
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = batchnorm_model()
+        checkpoint = checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                                   save_every_steps=2)
+        original, writing = checkpoint._saved_even_if_not_swept, []
+        during = [] if during is None else during
+
+        def watched(number):
+            writing.append(number)
+            try:
+                return write(number, original)
+            finally:
+                writing.remove(number)
+
+        watch = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: during.append(batch) if writing else None)
+        with mock.patch.object(checkpoint, "_saved_even_if_not_swept", watched):
+            model.fit(np.random.rand(32, 4).astype("float32"),
+                      np.random.rand(32, 3).astype("float32"), batch_size=4, epochs=1,
+                      verbose=0, shuffle=False, callbacks=[checkpoint, watch])
+        return checkpoint
+
+    def test_a_save_is_written_while_training_goes_on(self):
+        # The first save's write is held until training has taken two more steps: it can
+        # only end so if the step did not wait for it (else after 60 s, no step seen).
+        during: list[int] = []
+
+        def held(number, original):
+            deadline = time.monotonic() + 60
+            while number == 2 and len(during) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return original(number)
+
+        checkpoint = self.fit_saving_every_two_steps(held, during)
+        # The save after step 2 (batch 1) was being written through step 3 (batch 2).
+        self.assertEqual(during[:2], [1, 2])
+        self.assertEqual(checkpoint.restore(), 1)  # fit ended with its last save committed.
+
+    def test_a_write_that_fails_in_the_background_is_raised_by_the_next_save(self):
+        def full_disk(number, original):
+            if number == 2:
+                raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+            return original(number)
+
+        with self.assertRaisesRegex(StateNotSavedError, r"^Could not save the training state "
+                                                        r"of epoch 1 step 2 in .* \(No space "
+                                                        r"left on device\); no state was saved "
+                                                        r"before\."):
+            self.fit_saving_every_two_steps(full_disk)
 
     def test_a_save_that_fails_leaves_the_last_epoch_and_no_partial_folder(self):
         directory, checkpoint = self.saved_once()
@@ -214,7 +277,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
 
         checkpoint._manager.save = full_disk
         with self.assertRaises(StateNotSavedError) as raised:
-            checkpoint.on_epoch_end(1, {"loss": 1.2})
+            end_epoch(checkpoint, 1, {"loss": 1.2})
         self.assertEqual(str(raised.exception),
                          f"Could not save the training state of epoch 2 in {directory} (No space "
                          "left on device); the state of epoch 1 is intact. Free space there (or "
@@ -236,7 +299,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
 
         with mock.patch.object(tf.train.CheckpointManager, "_sweep", cannot_remove), \
                 self.assertLogs(level="WARNING") as logs:
-            checkpoint.on_epoch_end(1, {"loss": 1.2})
+            end_epoch(checkpoint, 1, {"loss": 1.2})
         self.assertRegex(logs.output[-1], r"Saved ckpt-\d+ in .*, but older checkpoints there "
                                           r"could not be removed \(Permission denied\)")
         self.assertEqual(worker_contract.read_position(directory).pair, (2, 0))
@@ -254,7 +317,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
 
         checkpoint._manager.save = peer_gone
         with self.assertRaises(PeerLostError) as raised:
-            checkpoint.on_epoch_end(1, {"loss": 1.2})
+            end_epoch(checkpoint, 1, {"loss": 1.2})
         self.assertEqual(str(raised.exception),
                          "Worker 1 stopped answering, so TensorFlow aborted the job's "
                          "collectives. Check that every worker's process is still running (not "
@@ -277,7 +340,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
 
         checkpoint._manager.save = storage_reset
         with self.assertRaisesRegex(StateNotSavedError, "Connection reset by peer"):
-            checkpoint.on_epoch_end(1, {"loss": 1.2})
+            end_epoch(checkpoint, 1, {"loss": 1.2})
 
     def test_the_notice_learns_of_a_save_at_its_commit_before_the_clean_up(self):
         # Were the grace budget to run out while old copies are pruned, the notice must
@@ -307,7 +370,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             return model, checkpoint
 
         model, checkpoint = build()
-        checkpoint.on_epoch_end(0, {"loss": 1.0})
+        end_epoch(checkpoint, 0, {"loss": 1.0})
         (written,) = checkpoint.written_by_this_worker
         self.assertEqual(written, "replica_copies/ckpt-1/replicas-00000-00001-of-00002.npz")
         return directory, os.path.join(directory, written), build()[1]
@@ -421,7 +484,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                 checkpoint = checkpointing.EpochCheckpoint(directory, model, strategy,
                                                            made_with=made_with)
                 checkpoint.set_model(model)
-                checkpoint.on_epoch_end(0, {"loss": 1.5})
+                end_epoch(checkpoint, 0, {"loss": 1.5})
                 path = os.path.join(directory, "made_with.json")
                 self.assertTrue(os.path.exists(path))
                 if damage == "cut":
@@ -489,7 +552,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         with open(os.path.join(left, "part-00000-of-00001.data-00000-of-00001.tempstate1"),
                   "wb") as f:
             f.write(b"partial")
-        checkpoint.on_epoch_end(1, {"loss": 1.0})
+        end_epoch(checkpoint, 1, {"loss": 1.0})
         self.assertFalse(os.path.exists(left))
 
     # Found in review, not fixed: nothing stops two runs from using one model_dir at once. A
@@ -506,7 +569,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             model = testing.tiny_model()
         with self.assertRaises(ConfigError):
             checkpointing.EpochCheckpoint(directory, model, strategy).restore()
-        first.on_epoch_end(1, {"loss": 1.0})
+        end_epoch(first, 1, {"loss": 1.0})
 
     def test_without_an_index_nothing_was_saved(self):
         # As a kill before a first save's index leaves it: the run starts over.

@@ -422,6 +422,7 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
             for epoch in range(2):  # Two saves before: the one recorded removes the first.
                 model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
                 checkpoint.on_epoch_end(epoch, {"loss": 1.0})
+                checkpoint.wait()  # Written in the background: committed before recording.
                 committed.append(Committed((epoch + 1, 0), state_of(model)))
             if inside_epoch:  # One step of epoch 3, saved there.
                 model.fit(x[:8], y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
@@ -431,7 +432,8 @@ class EpochCheckpointCrashStatesTest(CrashStatesCase):
                 committed.append(Committed((2, 1), state_of(model), metrics))
             else:
                 model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-                recorded = Recorded.of(root, lambda: checkpoint.on_epoch_end(2, {"loss": 1.0}))
+                recorded = Recorded.of(root, lambda: (checkpoint.on_epoch_end(2, {"loss": 1.0}),
+                                                      checkpoint.wait()))
                 committed.append(Committed((3, 0), state_of(model)))
         self.assertNotEqual(committed[-1].state, committed[-2].state)
         # The copies differed between the replicas: the save wrote their file.

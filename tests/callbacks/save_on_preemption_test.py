@@ -158,16 +158,16 @@ class PreemptedRunTest(testing.StrategyTestCase):
     def test_a_notice_during_a_save_stops_after_the_next_step(self):
         config = training.TrainConfig(strategy="mirrored", dataset="synthetic", epochs=2,
                                       batch_size=8, verbose=0)
-        save = EpochCheckpoint._save
+        save = EpochCheckpoint._snapshot
 
-        def signalled_save(checkpoint, epochs, steps):
+        def signalled_save(checkpoint, epochs, steps, saving):
             if epochs == 1 and not steps:
                 os.kill(os.getpid(), signal.SIGUSR1)
-            return save(checkpoint, epochs, steps)
+            return save(checkpoint, epochs, steps, saving)
 
         message, _, _ = self.preempt_and_resume(
             config, keras.callbacks.Callback(), 1,
-            lambda: mock.patch.object(EpochCheckpoint, "_save", signalled_save))
+            lambda: mock.patch.object(EpochCheckpoint, "_snapshot", signalled_save))
         self.assertRegex(message, r"state saved at epoch 2 step 1 in ")
 
     def test_without_a_checkpoint_training_stops_and_says_nothing_was_saved(self):

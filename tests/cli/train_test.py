@@ -124,9 +124,6 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         ("save_interval_word", ["--save_every_steps=often"],
          r"--save_every_steps must be an integer >= 0 \(0: at epochs' ends only\) or 'auto'\. "
          r"Received: --save_every_steps='often'"),
-        ("save_auto_across_workers", ["--strategy=multi_worker", "--save_every_steps=auto"],
-         r"--save_every_steps=auto chooses from one process's timing, and every worker of a job "
-         r"must save at the same steps: give a number of steps for strategy 'multi_worker'\.$"),
         ("save_budget_percent", ["--save_every_steps=auto", "--save_budget=2"],
          r"--save_budget must be a fraction of the training time from 0\.0001 to below 1 "
          r"\(0\.02: 2%\)\. Received: --save_budget=2"),

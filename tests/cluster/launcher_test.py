@@ -155,6 +155,39 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         for name in names:
             self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
 
+    @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
+    def test_automatic_saves_of_a_job_agree_and_a_kill_resumes_from_the_last(self):
+        # Each worker times its own steps; the job saves at the longest interval they chose,
+        # at the same steps on every worker. Killed (SIGKILL, no notice) after a save inside
+        # epoch 2, the job restarts there and ends as an uninterrupted one.
+        flags = ("--strategy=multi_worker_allreduce", "--save_every_steps=auto",
+                 "--save_budget=0.5")
+        killed_dir = os.path.join(self.get_temp_dir(), "killed")
+        process = train_job(2, killed_dir, *flags, launcher_flags=("--max_restarts=1",))
+        try:
+            seen, _ = signal_worker_after(process, "Saved training state at epoch 2 step",
+                                          signal.SIGKILL)
+            output = "".join(seen) + process.communicate(timeout=300)[0]
+        finally:
+            process.kill()
+        self.assertEqual(process.returncode, 0, output[-3000:])
+        # The chief says the interval (the restarted job chooses afresh).
+        self.assertRegex(output, r"\[worker 0\] Saving (every \d+ step\(s\) inside an epoch|at "
+                                 r"epochs' ends only): ")
+        self.assertNotRegex(output, r"\[worker 1\] Saving (every|at)")
+        self.assertRegex(output, r"launcher: restart 1 of 1: starting every worker again, "
+                                 r"resuming from epoch 2 step \d+ in ")
+        whole_dir = os.path.join(self.get_temp_dir(), "whole")
+        whole = train_job(2, whole_dir, *flags)
+        self.assertEqual(whole.wait(timeout=300), 0)
+        whole.stdout.close()
+        final = [tf.train.load_checkpoint(tf.train.latest_checkpoint(
+            os.path.join(d, "multi_worker_allreduce_1_devices"))) for d in (killed_dir, whole_dir)]
+        names = [n for n in final[1].get_variable_to_shape_map() if "model_variables" in n]
+        self.assertNotEmpty(names)
+        for name in names:
+            self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
+
     @parameterized.parameters(
         ("epoch_checkpoint", "multi_worker_allreduce"),
         # Keras's own BackupAndRestore, as keras.io's guide teaches it: every worker wrote the

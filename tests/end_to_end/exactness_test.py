@@ -31,6 +31,7 @@ from tfpar import worker_contract
 from tfpar.callbacks import AverageAtEpochEnd
 from tfpar.callbacks import EpochCheckpoint
 from tfpar.callbacks import SaveOnPreemption
+from tfpar.callbacks import checkpointing
 from tfpar.cluster import preemption
 from tfpar.models import resnet as resnet_lib
 
@@ -228,6 +229,7 @@ class ExactResumeCase(testing.StrategyTestCase):
             with self.assertRaisesRegex(RuntimeError, "killed"):
                 self.fit(entry, model_name, parts, CrashAt(8), **kwargs)
             if interruption == "every_steps_kill":  # The last save: epoch 2 step 3.
+                checkpointing.wait_for_writes(parts)  # Its write in the background.
                 latest = os.path.basename(tf.train.latest_checkpoint(parts))
                 self.assertEqual(worker_contract.read_position(parts),
                                  worker_contract.Position(1, 3, latest, parts))

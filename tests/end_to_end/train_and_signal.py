@@ -66,16 +66,16 @@ def main() -> None:
         return test_batch_end(self, e, logs)
 
     evaluation.TestAccuracy.on_epoch_end = on_test
-    save = checkpointing.EpochCheckpoint._save
+    snapshot = checkpointing.EpochCheckpoint._snapshot
 
-    def saving(self, epochs, steps):
+    def snapshotting(self, epochs, steps, saving):  # A save's start, before it writes.
         if when == "saving" and epochs == epoch and not steps and not state["sent"]:
             send()
         if when == "slow_save" and state["sent"]:
             time.sleep(step)
-        return save(self, epochs, steps)
+        return snapshot(self, epochs, steps, saving)
 
-    checkpointing.EpochCheckpoint._save = saving
+    checkpointing.EpochCheckpoint._snapshot = snapshotting
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")
 

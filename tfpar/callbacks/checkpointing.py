@@ -10,6 +10,13 @@ leaves the previous complete checkpoint as the latest one. In multi-worker train
 worker takes part in saving (it may run collective ops), but only the chief writes to
 ``directory``; the others write to a scratch folder they delete.
 
+A save does not block training for its write: the step waits only while the state is copied
+to host memory (:mod:`tfpar.callbacks.host_snapshot`), and the copy is written, committed and
+pruned on a background thread, one write at a time, while training goes on. A save waits for
+the write before it, a preemption notice's save and the end of ``fit`` wait for theirs, and a
+write that fails is raised at the next save or at the end of ``fit`` (the last committed state
+is intact). ``write_in_background=False`` writes within the step instead.
+
 It is a Keras callback, so resuming behaves the same under every strategy.
 
 Why one module of this length: it is one saver, :class:`EpochCheckpoint`, whose restore, two
@@ -26,6 +33,7 @@ import json
 import math
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +46,7 @@ from tfpar import atomic_io
 from tfpar import replica_copies
 from tfpar import replica_copy_files
 from tfpar import worker_contract
+from tfpar.callbacks import host_snapshot
 from tfpar.callbacks import save_interval
 from tfpar.cluster import failures
 from tfpar.cluster import preemption
@@ -78,6 +87,22 @@ class _FileList(tf.train.experimental.PythonState):
         self.json = string_value.decode() if isinstance(string_value, bytes) else string_value
 
 
+_WRITERS: dict[str, host_snapshot.BackgroundWriter] = {}
+
+
+def wait_for_writes(directory: str) -> None:
+    """Waits for the saves this process is writing to ``directory`` in the background
+    (:class:`EpochCheckpoint`'s); raises what the last one raised.
+
+    Raises:
+        StateNotSavedError: If that save could not be written (the last committed state is
+            intact).
+    """
+    writer = _WRITERS.get(os.path.abspath(directory))
+    if writer is not None:
+        writer.wait()
+
+
 class EpochCheckpoint(keras.callbacks.Callback):
     """Saves training state at the end of every epoch (and, with ``save_every_steps``, inside
     it) and restores the latest one.
@@ -96,14 +121,17 @@ class EpochCheckpoint(keras.callbacks.Callback):
             worker saves at the same steps (the count is the job's, not a clock's).
             ``"auto"``: the most frequent interval whose saves cost at most ``save_budget`` of
             the training time, chosen after the run's first few steps from their time and a
-            save's (:mod:`tfpar.callbacks.save_interval`), and said in one line (one process;
-            the workers of a job need a number).
+            save's (:mod:`tfpar.callbacks.save_interval`), and said in one line; the workers of
+            a job each choose at the same steps, and take the longest of their intervals.
         save_budget: With ``save_every_steps="auto"``, the largest fraction of the training
             time saving may take (0.02: 2%).
+        write_in_background: The step waits only for a copy of the state in host memory,
+            written in the background (see the module docstring); ``False``: a save writes
+            and commits before the step goes on.
 
     Raises:
-        ConfigError: If ``save_every_steps`` is not an integer >= 0 or ``"auto"`` (or
-            ``"auto"`` for a job of several workers), or ``save_budget`` is not in (0, 1).
+        ConfigError: If ``save_every_steps`` is not an integer >= 0 or ``"auto"``, or
+            ``save_budget`` is not in (0, 1).
     """
 
     MADE_WITH_FILE = "made_with.json"
@@ -124,8 +152,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None,
-                 save_every_steps: int | str = 0, save_budget: float = save_interval.BUDGET):
+                 save_every_steps: int | str = 0, save_budget: float = save_interval.BUDGET,
+                 write_in_background: bool = True):
         super().__init__()
+        self._background = bool(write_in_background)
+        self._mirror: host_snapshot.HostMirror | None = None
         self.save_every_steps = save_interval.checked_interval(save_every_steps)
         auto = self.save_every_steps == save_interval.AUTO
         budget = save_interval.checked_budget(save_budget)
@@ -133,11 +164,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
             raise ConfigError(f"save_budget applies only with save_every_steps="
                               f"{save_interval.AUTO!r}. Received: save_every_steps="
                               f"{save_every_steps!r}.", argument="save_budget")
-        if auto and cluster_spec.is_multi_worker(strategy):
-            raise ConfigError(f"save_every_steps={save_interval.AUTO!r} chooses from one "
-                              "process's timing, and every worker of a job must save at the "
-                              "same steps: give a number of steps.", argument="save_every_steps")
-        self._chooser = save_interval.IntervalChooser(budget) if auto else None
+        # Every worker of a job saves at the same steps: each chooses from its own clock, at
+        # the same steps, and the job takes the longest interval (a collective).
+        self._agree = cluster_spec.is_multi_worker(strategy)
+        self._gather_intervals: Any = None
+        # A write in the background takes the cores of a step that runs on the CPU.
+        try:
+            replicas = strategy.extended.worker_devices
+        except RuntimeError:  # The default strategy lists none: one device, a GPU if any.
+            replicas = [device.name for device in tf.config.list_logical_devices("GPU")[:1]]
+        on_cpu = all(tf.DeviceSpec.from_string(device).device_type == "CPU"
+                     for device in replicas)
+        self._chooser = (save_interval.IntervalChooser(budget, writes_share_cores=on_cpu)
+                         if auto else None)
         #: The steps between saves inside an epoch (0: none, or with ``"auto"`` none chosen).
         self.interval = 0 if auto else int(self.save_every_steps)
         #: With ``"auto"``, the line that says the interval chosen (``None`` until then).
@@ -155,6 +194,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._write_dir = directory if self._chief or resolver is None else os.path.join(
             directory, f".worker_{resolver.task_type}_{resolver.task_id}")
         self._model, self._max_to_keep, self._strategy = model, max_to_keep, strategy
+        # One writer per folder in this process: a checkpoint made again on a folder (after
+        # fit raised, say) waits for what the one before is still writing there.
+        self._writer = _WRITERS.setdefault(os.path.abspath(self._write_dir),
+                                           host_snapshot.BackgroundWriter())
         with strategy.scope():
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
                                            name="epochs_done")
@@ -193,11 +236,30 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return parts
 
     def _make_manager(self) -> tf.train.CheckpointManager:
+        """The manager of the saves: of a mirror of the state in host memory, written in the
+        background (the same keys and values; see :mod:`.host_snapshot`), or of the state."""
         checkpoint = tf.train.Checkpoint(**self._parts(self._metric_variables),
                                          **{self.FILE_LIST: self._file_list})
+        self._mirror = None
+        if self._background:
+            try:
+                self._mirror = host_snapshot.HostMirror(checkpoint)
+            except host_snapshot.NotMirrored as e:
+                logging.warning("Saving within the step: the training state cannot be copied "
+                                "to host memory for a write in the background (%s).", e)
+        saved = self._mirror.checkpoint if self._mirror is not None else checkpoint
         with _readable_index(self._write_dir):
-            return tf.train.CheckpointManager(checkpoint, self._write_dir,
+            return tf.train.CheckpointManager(saved, self._write_dir,
                                               max_to_keep=self._max_to_keep)
+
+    def wait(self) -> None:
+        """Waits for the save being written in the background to be committed.
+
+        Raises:
+            StateNotSavedError: If it could not be written (the last committed state is
+                intact).
+        """
+        self._writer.wait()
 
     @property
     def latest(self) -> str | None:
@@ -246,6 +308,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 index is unreadable, or the state was saved inside an epoch on a Keras where
                 tfpar cannot start ``fit`` inside one.
         """
+        self.wait()
         latest = self.latest
         if latest is None:
             self._check_no_index_ignored()
@@ -405,6 +468,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._began = False
 
+    def on_train_end(self, logs=None):
+        self.wait()  # fit returns with its last save committed.
+
     def on_train_batch_end(self, batch, logs=None):
         if not self.save_every_steps:
             return
@@ -427,9 +493,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
             return
         self._saved_step = steps
         if chooser is None:
-            self.save_inside_epoch(self._epoch, steps)
+            self.save_inside_epoch(self._epoch, steps, wait=False)
             return
-        chooser.timed_save(lambda: self.save_inside_epoch(self._epoch, steps))
+        chooser.timed_save(lambda: self.save_inside_epoch(self._epoch, steps, wait=False))
         self._choose_interval()
 
     def _choose_interval(self) -> None:
@@ -439,12 +505,14 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if chooser is None or not chooser.timed:
             return
         interval = chooser.choose()
+        if self._agree:
+            interval = self._longest_of_every_worker(interval)
         if interval == self.interval:
             return
         first, self.interval = not self.interval, interval
         self.interval_chosen = save_interval.describe(
             interval, chooser.step_seconds, chooser.save_seconds, chooser.budget,
-            (self.params or {}).get("steps"))
+            (self.params or {}).get("steps"), chooser.background)
         if not self._chief:
             return
         if first:
@@ -455,9 +523,26 @@ class EpochCheckpoint(keras.callbacks.Callback):
         else:
             logging.info("%s", self.interval_chosen)
 
-    def _save(self, epochs: int, steps: int) -> str:
-        """Writes the history (chief) and the checkpoint of the position ``(epochs finished,
-        steps of the next epoch)``; returns its path."""
+    def _longest_of_every_worker(self, interval: int) -> int:
+        """The longest of the intervals the job's workers chose (each from its own clock, at
+        the same step): every worker must save at the same steps."""
+        if self._gather_intervals is None:  # One function, traced once (eager runs retrace).
+            strategy = self._strategy
+
+            @tf.function
+            def gather(value: tf.Tensor) -> tf.Tensor:
+                return strategy.gather(strategy.run(lambda: tf.reshape(value, [1])), axis=0)
+
+            self._gather_intervals = gather
+        return int(tf.reduce_max(self._gather_intervals(tf.constant(interval, tf.int64))))
+
+    def _snapshot(self, epochs: int, steps: int,
+                  saving: contextlib.ExitStack) -> tuple[int, worker_contract.Position]:
+        """The part of a save of the position ``(epochs finished, steps of the next epoch)``
+        the step waits for: the history (chief), the position's variables, each worker's
+        replicas' copies (collectives) and the copy of the state in host memory; returns the
+        checkpoint's number and position. ``saving`` holds the notice's record of the save
+        under way until :meth:`_write` commits it."""
         metric_variables = list(self._model.metrics_variables)
         if len(metric_variables) != len(self._metric_variables):  # Built by fit since.
             self._metric_variables = metric_variables
@@ -474,8 +559,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
         position = worker_contract.Position(epochs, steps, f"ckpt-{number}")
         # Until its position record, a spent grace budget cannot tell whether TensorFlow's
         # commit (the index, then a sweep of old checkpoints) happened: it says both.
-        with preemption.NOTICE.saving(dataclasses.replace(position, folder=self.directory)):
-            self._write_replica_copies(f"ckpt-{number}")
+        saving.enter_context(preemption.NOTICE.saving(
+            dataclasses.replace(position, folder=self.directory)))
+        self._write_replica_copies(f"ckpt-{number}")
+        if self._mirror is not None:
+            self._mirror.take()
+        return number, position
+
+    def _write(self, number: int, position: worker_contract.Position,
+               saving: contextlib.ExitStack) -> str:
+        """The rest of the save (in the background, or within the step): TensorFlow's write
+        of checkpoint ``number`` and its commit, the position record, then the pruning;
+        returns its path."""
+        with saving:
             # TensorFlow renames its data files into place, then writes the checkpoint's
             # ``.index`` file in place, then replaces the index ``checkpoint`` whole.
             with atomic_io.external_writes(
@@ -485,7 +581,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                         else 1 if name.endswith(".index") else 0)):
                 path = self._saved_even_if_not_swept(number)
             self._last_number = number
-            self._known[f"ckpt-{number}"] = (epochs, steps)
+            self._known[f"ckpt-{number}"] = position.pair
             self._last_path = os.path.join(self.directory, os.path.basename(path))
             # Committed: its position record (which the launcher reads, and the notice's line,
             # should its grace budget run out during the clean-up below), held off from a spent
@@ -542,17 +638,24 @@ class EpochCheckpoint(keras.callbacks.Callback):
             with contextlib.suppress(TypeError, ValueError):
                 self.history.setdefault(name, []).append(float(value))
         if self._chooser is None:
-            self._save_or_raise(epoch + 1, 0)
+            self._save_or_raise(epoch + 1, 0, background=True)
             return
-        self._chooser.timed_save(lambda: self._save_or_raise(epoch + 1, 0))
+        self._chooser.timed_save(lambda: self._save_or_raise(epoch + 1, 0, background=True))
         self._chooser.epoch_ended()
         self._choose_interval()
 
-    def save_inside_epoch(self, epoch: int, steps: int) -> str:
+    def save_inside_epoch(self, epoch: int, steps: int, wait: bool = True) -> str:
         """Saves the state after ``steps`` steps of ``epoch`` (0-based), with the epoch's
         metrics so far; a run restored from it starts ``epoch`` at step ``steps``.
 
         Every worker of a job must call it at the same step (saving may run collectives).
+
+        Args:
+            epoch: The epoch (0-based).
+            steps: Its steps done.
+            wait: Return once the save is committed (and the one written in the background
+                before it); ``False``: once the state is copied to host memory, the write going
+                on in the background (with ``write_in_background``).
 
         Returns:
             The position in words (see :meth:`describe`).
@@ -562,39 +665,49 @@ class EpochCheckpoint(keras.callbacks.Callback):
             PeerLostError: If a peer worker stopped answering during the save (the last one
                 is intact).
         """
-        self._save_or_raise(epoch, steps)
+        self._save_or_raise(epoch, steps, background=not wait)
         return self.describe(epoch, steps)
 
-    def _save_or_raise(self, epochs: int, steps: int) -> None:
+    def _save_or_raise(self, epochs: int, steps: int, background: bool = False) -> None:
+        """Saves the position ``(epochs, steps)``: the step waits for the snapshot, and, unless
+        ``background`` (and a mirror in host memory serves), for the write and commit too.
+
+        Raises:
+            StateNotSavedError, PeerLostError: If this save, or the one written in the
+                background before it, could not be saved.
+        """
+        self.wait()  # One write at a time: the one before, and what it raised.
+        saving = contextlib.ExitStack()
         try:
-            path = self._save(epochs, steps)
+            number, position = self._snapshot(epochs, steps, saving)
         except (OSError, tf.errors.OpError) as e:
-            self._remove_partial_saves()
-            # A worker's own manager writes to a scratch folder: the state it names is in
-            # directory, where it last restored or saved.
-            last = self._manager.latest_checkpoint if self._chief else self._last_path
-            tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
-                     else None)
-            message = e.message if isinstance(e, tf.errors.OpError) else ""
-            if tasks == [] and "://" in message and not failures.collectives_aborted(message):
-                tasks = None  # A storage service's connection (gs://, s3://), not a peer.
-            if tasks is not None:  # A peer that stopped aborted the save's collectives.
-                kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
-                        "intact and is where a rerun resumes" if last
-                        else "no state was saved before")
-                message = (f"The training state of {position_words((epochs, steps))} could not "
-                           f"be saved; {kept}.")
-                raise PeerLostError(failures.peer_lost_message(tasks, message),
-                                    unresponsive=failures.worker_indices(tasks)) from None
-            reason = e.strerror if isinstance(e, OSError) else re.sub(
-                r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
-            resume = (f"the state of {self._short_position_of(last)} is intact"
-                      if last else "no state was saved before")
-            raise StateNotSavedError(
-                f"Could not save the training state of {position_words((epochs, steps))} in "
-                f"{self._write_dir} "
-                f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
-                "make it writable) and run again to resume.") from None
+            saving.close()
+            raise self._not_saved(e, epochs, steps) from None
+        except BaseException:
+            saving.close()
+            raise
+
+        # The automatic interval's first save is written within the step: its whole time is
+        # known before the first choice (a write in the background is timed as it ends).
+        background = (background and self._mirror is not None
+                      and (self._chooser is None or self._chooser.timed))
+
+        def write() -> None:
+            start = time.perf_counter()
+            try:
+                path = self._write(number, position, saving)
+            except (OSError, tf.errors.OpError) as e:
+                raise self._not_saved(e, epochs, steps) from None
+            if background and self._chooser is not None:
+                self._chooser.timed_write(time.perf_counter() - start)
+            self._said_saved(path, epochs, steps)
+
+        if background:
+            self._writer.start(write)
+        else:
+            write()
+
+    def _said_saved(self, path: str, epochs: int, steps: int) -> None:
         if self._chief:
             if steps:
                 logging.info("Saved training state at epoch %d step %d to %s", epochs + 1, steps,
@@ -603,6 +716,37 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 logging.info("Saved training state after epoch %d to %s", epochs, path)
         else:
             atomic_io.remove_tree(self._write_dir)
+
+    def _not_saved(self, e: OSError | tf.errors.OpError, epochs: int,
+                   steps: int) -> PeerLostError | StateNotSavedError:
+        """The one-line error for a save of ``(epochs, steps)`` that failed with ``e``, once
+        what it left is removed."""
+        self._remove_partial_saves()
+        # A worker's own manager writes to a scratch folder: the state it names is in
+        # directory, where it last restored or saved.
+        last = self._manager.latest_checkpoint if self._chief else self._last_path
+        tasks = (failures.lost_peers(e.message) if isinstance(e, tf.errors.OpError)
+                 else None)
+        message = e.message if isinstance(e, tf.errors.OpError) else ""
+        if tasks == [] and "://" in message and not failures.collectives_aborted(message):
+            tasks = None  # A storage service's connection (gs://, s3://), not a peer.
+        if tasks is not None:  # A peer that stopped aborted the save's collectives.
+            kept = (f"the state of {self._short_position_of(last)} in {self.directory} is "
+                    "intact and is where a rerun resumes" if last
+                    else "no state was saved before")
+            message = (f"The training state of {position_words((epochs, steps))} could not "
+                       f"be saved; {kept}.")
+            return PeerLostError(failures.peer_lost_message(tasks, message),
+                                 unresponsive=failures.worker_indices(tasks))
+        reason = e.strerror if isinstance(e, OSError) else re.sub(
+            r"\s*\[Op:\w+\]$", "", e.message.rsplit(";", 1)[-1])
+        resume = (f"the state of {self._short_position_of(last)} is intact"
+                  if last else "no state was saved before")
+        return StateNotSavedError(
+            f"Could not save the training state of {position_words((epochs, steps))} in "
+            f"{self._write_dir} "
+            f"({(reason or type(e).__name__).strip()}); {resume}. Free space there (or "
+            "make it writable) and run again to resume.")
 
     def position_of(self, path: str) -> str:
         """The position of the checkpoint at ``path`` in words (``"epoch 3 step 17"``, or

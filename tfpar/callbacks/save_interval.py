@@ -6,7 +6,9 @@ A save every ``N`` steps costs ``save / (N * step)`` of the training time, so th
 the smallest ``N`` for which that is at most the budget. :class:`IntervalChooser` times the
 steps of a run (not an epoch's first call, which follows its evaluation and save, nor the
 saves) and every save, and chooses from their medians (a process's first save is its slowest).
-No TensorFlow.
+A save written in the background costs the time it holds the step, plus, where the write runs
+on the cores the step runs on (training on the CPU), the write's time: there it takes those
+cores from the step; beside an accelerator's step it costs nothing more. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -89,10 +91,18 @@ def percent(fraction: float) -> str:
 
 
 def describe(interval: int, step_seconds: float, save_seconds: float, budget: float,
-             epoch_steps: int | None = None) -> str:
+             epoch_steps: int | None = None,
+             background: tuple[float, float, bool] | None = None) -> str:
     """The interval chosen and why, in one line (saving at epochs' ends only where the
-    interval is an epoch or longer)."""
+    interval is an epoch or longer); ``background``: the seconds a save held the step and
+    its write took in the background, and whether the write shares the step's cores (then
+    ``save_seconds`` is their sum)."""
     times = f"a save took {save_seconds:.3g} s and a step {step_seconds:.3g} s"
+    if background is not None:
+        held, write, shared = background
+        times = (f"a save held the step {held:.3g} s and was written in {write:.3g} s "
+                 f"{'on the cores the step runs on' if shared else 'beside the step'}, and a "
+                 f"step took {step_seconds:.3g} s")
     if epoch_steps and interval >= epoch_steps:
         return (f"Saving at epochs' ends only: {times}, so the most frequent saves within the "
                 f"budget of {percent(budget)} of the training time come every {interval} "
@@ -108,12 +118,17 @@ class IntervalChooser:
     Args:
         budget: The largest fraction of the training time saving may take.
         clock: Seconds, monotonic (``None``: ``time.perf_counter``).
+        writes_share_cores: Whether a save's write in the background runs on the cores the
+            step runs on (training on the CPU): its time then counts as the save's cost.
     """
 
-    def __init__(self, budget: float = BUDGET, clock: Callable[[], float] | None = None):
+    def __init__(self, budget: float = BUDGET, clock: Callable[[], float] | None = None,
+                 writes_share_cores: bool = False):
         self.budget, self._clock = budget, clock or time.perf_counter
+        self.writes_share_cores = writes_share_cores
         self._step_seconds: list[float] = []
         self._save_seconds: list[float] = []
+        self._write_seconds: list[float] = []
         self._last: tuple[float, int] | None = None  # (time, steps) at the last call's end.
         self._calls = 0
 
@@ -143,9 +158,32 @@ class IntervalChooser:
         return statistics.median(self._step_seconds) if self._step_seconds else 0.0
 
     @property
-    def save_seconds(self) -> float:
-        """The median save time (0 before any)."""
+    def held_seconds(self) -> float:
+        """The median time a save held the step (0 before any)."""
         return statistics.median(self._save_seconds) if self._save_seconds else 0.0
+
+    @property
+    def write_seconds(self) -> float:
+        """The median time of a write in the background (0 before any)."""
+        return statistics.median(self._write_seconds) if self._write_seconds else 0.0
+
+    @property
+    def save_seconds(self) -> float:
+        """The median cost of a save: the time it held the step, plus its write's where that
+        shares the step's cores."""
+        return self.held_seconds + (self.write_seconds if self.writes_share_cores else 0.0)
+
+    @property
+    def background(self) -> tuple[float, float, bool] | None:
+        """For :func:`describe`: the held and write times and whether writes share the step's
+        cores, once a write in the background was timed (``None`` before)."""
+        if not self._write_seconds:
+            return None
+        return self.held_seconds, self.write_seconds, self.writes_share_cores
+
+    def timed_write(self, seconds: float) -> None:
+        """Notes that a save's write in the background took ``seconds``."""
+        self._write_seconds.append(seconds)
 
     @property
     def timed(self) -> bool:

@@ -156,10 +156,6 @@ class TrainConfig:
         _check(self.save_budget == save_interval.BUDGET or self.save_every_steps == AUTO,
                "save_budget", f"{{argument}} applies only with save_every_steps={AUTO}. "
                f"Received: save_every_steps={self.save_every_steps!r}.")
-        _check(self.save_every_steps != AUTO or not self.strategy.entry.multi_process,
-               "save_every_steps", f"{{argument}}={AUTO} chooses from one process's timing, "
-               "and every worker of a job must save at the same steps: give a number of steps "
-               f"for strategy {self.strategy.name!r}.")
         _check(0 <= self.momentum < 1, "momentum",
                f"{{argument}} must be in [0, 1). {received}{self.momentum!r}.")
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**32, "seed",

@@ -73,6 +73,8 @@ class RunResult:
         epoch_seconds: Seconds of every epoch.
         history: Per-epoch training logs (loss, accuracy, ...).
         is_chief: Whether this process is the one that writes results (multi-worker).
+        save_interval: With ``save_every_steps="auto"``, the interval of saves chosen and why,
+            the line the run printed (as the times moved it, the last); else ``None``.
     """
 
     strategy: str
@@ -89,6 +91,7 @@ class RunResult:
     epoch_seconds: list[float]
     history: dict[str, list[float]]
     is_chief: bool = True
+    save_interval: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the result as JSON-serialisable data."""
@@ -173,7 +176,8 @@ def train_on_devices(config: TrainConfig, devices: devices_lib.DeviceSpec,
         first_epoch_seconds=timer.first_epoch_seconds if timed else math.nan,
         images_per_second=timer.steady_images_per_second if timed else math.nan,
         epoch_seconds=list(timer.epoch_seconds), history=run.whole_history(history),
-        is_chief=run.chief)
+        is_chief=run.chief,
+        save_interval=run.checkpoint.interval_chosen if run.checkpoint is not None else None)
     run.raise_if_stopped(result, device_set)
     return result
 
