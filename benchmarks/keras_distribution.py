@@ -11,19 +11,21 @@ Usage (from a checkout with tfpar installed; about a minute on 2 cores)::
     python benchmarks/keras_distribution.py [--devices=2] [--entry=allreduce] [--batch=256]
         [--steps=60] [--rounds=5] [--out=benchmarks/results/NAME.json]
 
-``--out`` keeps the run as a results file: the command, the CPU, the versions, the date and
-every round.
+``--out`` keeps the run as a results file (:mod:`results_file`): the command, the CPU, the
+versions, the date and every round.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import results_file  # noqa: E402 - beside this script.
 
 
 def main() -> None:
@@ -83,17 +85,7 @@ def main() -> None:
     print(f"speed of keras.distribution.DataParallel relative to the entry: median "
           f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"command": " ".join(["python", *sys.argv]),
-                       "date": datetime.date.today().isoformat(),
-                       "cpu": machine.describe_cpu(), "cpu_info": machine.cpu(),
-                       "versions": {"tensorflow": tf.__version__, "keras": keras.version(),
-                                    "tfpar": tfpar.__version__},
-                       "flags": {"TF_ENABLE_ONEDNN_OPTS": os.environ.get(
-                           "TF_ENABLE_ONEDNN_OPTS", "unset (tfpar's choice)")},
-                       "rounds": rounds, "median_ratio": statistics.median(ratios)},
-                      f, indent=1)
-
+        results_file.write(args.out, rounds, median_ratio=statistics.median(ratios))
 
 if __name__ == "__main__":
     main()
