@@ -7,9 +7,10 @@ of ``--steps`` steps in turn (the first fit of each traces and is not timed). Pe
 round: the epoch's seconds, the ratio of the no-saving epoch's seconds to it (throughput
 ratio: 1.0 costs nothing), the saves made, the seconds the step was held per save (the
 snapshot, and any wait for the write before), and the seconds a write took in the
-background. For ``auto``, the interval chosen and what a kill without notice loses at it: the
-steps since the last committed save, at most the interval plus the steps of a write still in
-flight, in steps and seconds.
+background. For ``auto``, the interval chosen and its line. What a kill without notice loses
+(the steps since the last committed save: at most the interval, or the epoch where the interval
+is an epoch or longer, plus the steps of a write still in flight) is worked out from these by
+``page.py``.
 
 Usage (from a checkout with tfpar installed; LeNet about 2 minutes on 2 cores)::
 
@@ -114,10 +115,6 @@ def main() -> None:
             interval = callbacks[0].interval
             entry["interval"] = interval
             entry["interval_line"] = callbacks[0].interval_chosen
-            if interval:
-                lost = interval + (entry["write_seconds"] / step if step else 0)
-                entry["kill_loses_steps_at_most"] = lost
-                entry["kill_loses_seconds_at_most"] = lost * step
         summary[mode] = entry
     print(f"{machine.describe_cpu()}; TensorFlow {tf.__version__}, Keras {keras.version()}; "
           f"{args.model}, Adam, global batch {args.batch}, {args.steps} steps per epoch, "

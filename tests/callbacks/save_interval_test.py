@@ -31,6 +31,20 @@ class WithinBudgetTest(unittest.TestCase):
                          "so the most frequent saves within the budget of 0.01% of the "
                          "training time come every 40 steps, and an epoch has 30.")
 
+    def test_a_line_whose_interval_is_not_what_its_times_give_says_why(self):
+        # Rounded up to whole calls of several steps, or a job's longest (another worker's):
+        # the line's own arithmetic must still hold (0.03 / (0.5 * 0.01) is every 6).
+        self.assertEqual(
+            save_interval.describe(8, 0.01, 0.03, 0.5, 23, here=8, chosen=6),
+            "Saving every 8 step(s) inside an epoch (rounded up from 6 to whole calls of the "
+            "step): a save took 0.03 s and a step 0.01 s, so these saves cost 37.5% of the "
+            "training time (budget 50%).")
+        self.assertEqual(
+            save_interval.describe(30, 0.01, 0.03, 0.5, 23, here=6, chosen=6),
+            "Saving at epochs' ends only: a save took 0.03 s and a step 0.01 s, so the most "
+            "frequent saves within the budget of 50% of the training time come every 30 steps "
+            "(the longest of the job's workers' intervals; 6 here), and an epoch has 23.")
+
     def test_an_interval_and_a_budget_are_checked_in_one_line(self):
         self.assertEqual(save_interval.checked_interval("12"), 12)
         self.assertEqual(save_interval.checked_interval(np.int64(3)), 3)

@@ -207,7 +207,8 @@ class NoticeProcessTest(tf.test.TestCase):
             checkpoint = checkpointing.EpochCheckpoint(
                 {directory!r}, model, tf.distribute.get_strategy())
             checkpoint.set_model(model)
-            checkpoint.on_epoch_end(0, {{"loss": 1.5}})  # Epoch 1, as the launcher knows.
+            checkpoint.on_epoch_end(0, {{"loss": 1.5}})  # Epoch 1, as the launcher knows,
+            checkpoint.wait()  # committed (written in the background) before the notice.
             step = {owner}.{name}
 
             def slow_step(*args, **kwargs):

@@ -504,15 +504,18 @@ class EpochCheckpoint(keras.callbacks.Callback):
         chooser = self._chooser
         if chooser is None or not chooser.timed:
             return
-        interval = chooser.choose()
-        if self._agree:
-            interval = self._longest_of_every_worker(interval)
+        # Saves come at the end of a call of the step: whole calls of several steps.
+        per_call = getattr(self.model, "steps_per_execution", 1)
+        per_call = per_call if isinstance(per_call, int) and per_call > 1 else 1
+        chosen = chooser.choose()
+        here = math.ceil(chosen / per_call) * per_call
+        interval = self._longest_of_every_worker(here) if self._agree else here
         if interval == self.interval:
             return
         first, self.interval = not self.interval, interval
         self.interval_chosen = save_interval.describe(
             interval, chooser.step_seconds, chooser.save_seconds, chooser.budget,
-            (self.params or {}).get("steps"), chooser.background)
+            (self.params or {}).get("steps"), chooser.background, here=here, chosen=chosen)
         if not self._chief:
             return
         if first:

@@ -92,24 +92,41 @@ def percent(fraction: float) -> str:
 
 def describe(interval: int, step_seconds: float, save_seconds: float, budget: float,
              epoch_steps: int | None = None,
-             background: tuple[float, float, bool] | None = None) -> str:
+             background: tuple[float, float, bool] | None = None,
+             here: int | None = None, chosen: int | None = None) -> str:
     """The interval chosen and why, in one line (saving at epochs' ends only where the
-    interval is an epoch or longer); ``background``: the seconds a save held the step and
-    its write took in the background, and whether the write shares the step's cores (then
-    ``save_seconds`` is their sum)."""
+    interval is an epoch or longer).
+
+    Args:
+        interval: The interval the run saves at.
+        step_seconds: This process's median step.
+        save_seconds: This process's median save cost.
+        budget: The budget.
+        epoch_steps: The steps of an epoch, where known.
+        background: The seconds a save held the step and its write took in the background,
+            and whether the write shares the step's cores (then ``save_seconds`` is their sum).
+        here: This process's interval, where the job saves at another worker's longer one.
+        chosen: What this process's times gave, where ``here`` is that rounded up to whole
+            calls of several steps.
+    """
     times = f"a save took {save_seconds:.3g} s and a step {step_seconds:.3g} s"
     if background is not None:
         held, write, shared = background
         times = (f"a save held the step {held:.3g} s and was written in {write:.3g} s "
                  f"{'on the cores the step runs on' if shared else 'beside the step'}, and a "
                  f"step took {step_seconds:.3g} s")
+    longer = ""
+    if chosen is not None and here is not None and here != chosen:
+        longer = f" (rounded up from {chosen} to whole calls of the step)"
+    if here is not None and here != interval:
+        longer = f" (the longest of the job's workers' intervals; {here} here)"
     if epoch_steps and interval >= epoch_steps:
         return (f"Saving at epochs' ends only: {times}, so the most frequent saves within the "
                 f"budget of {percent(budget)} of the training time come every {interval} "
-                f"steps, and an epoch has {epoch_steps}.")
+                f"steps{longer}, and an epoch has {epoch_steps}.")
     cost = save_seconds / (interval * step_seconds) if step_seconds > 0 else 0.0
-    return (f"Saving every {interval} step(s) inside an epoch: {times}, so these saves cost "
-            f"{percent(cost)} of the training time (budget {percent(budget)}).")
+    return (f"Saving every {interval} step(s) inside an epoch{longer}: {times}, so these saves "
+            f"cost {percent(cost)} of the training time (budget {percent(budget)}).")
 
 
 class IntervalChooser:
