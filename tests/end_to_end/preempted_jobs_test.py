@@ -175,6 +175,20 @@ class ProcessPreemptionTest(PreemptionTestCase):
         return subprocess.run([sys.executable, *train], capture_output=True, text=True, env=env,
                               timeout=timeout)
 
+    def test_a_notice_in_an_epochs_last_step_commits_the_epochs_end_before_exiting(self):
+        # The stop is the epoch's end, whose save is written in the background: the process
+        # must not exit (os._exit) before that write commits (it did, and lost the epoch).
+        model_dir = self.get_temp_dir()
+        stopped = self.run_train(model_dir, signal_at=("step", 1, 15, "SIGTERM"))  # Of 15.
+        self.assertEqual(stopped.returncode, PREEMPTED, stopped.stderr[-3000:])
+        self.assertRegex(stopped.stderr, r"(?m)^Preempted \(SIGTERM\): state saved at the end of "
+                                         r"epoch 1 in ")
+        position = worker_contract.read_position(os.path.join(model_dir, "mirrored_2_devices"))
+        self.assertEqual((position.pair, position.checkpoint), ((1, 0), "ckpt-15"))
+        resumed = self.run_train(model_dir)
+        self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
+        self.assertIn("(the end of epoch 1)", resumed.stdout)
+
     def test_a_notice_to_a_two_device_run_and_its_rerun(self):
         base = self.get_temp_dir()
         whole, parts = os.path.join(base, "whole"), os.path.join(base, "parts")

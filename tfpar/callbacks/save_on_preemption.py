@@ -135,7 +135,8 @@ class SaveOnPreemption(keras.callbacks.Callback):
             said = f"stopped at {where}; nothing was saved (no checkpoint)"
         elif steps and not saved:
             said = f"state saved at {self.checkpoint.save_inside_epoch(epoch, steps)}"
-        else:
+        else:  # Saved already: the epoch's end, written in the background until committed.
+            self.checkpoint.wait()
             said = f"state saved at {self.checkpoint.describe(epoch, steps)}"
         after = (f", {preemption.NOTICE.seconds_since():.1f} s after the notice"
                  if preemption.NOTICE.has_arrived else "")
