@@ -122,6 +122,16 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
             "launcher: worker 1 exited with 3; stopped the other workers.",
             "launcher: restarts used up (2 of 2); exiting with the failed worker's status (3)."])
 
+    def assertSameFinalWeights(self, first: str, second: str, run: str) -> None:
+        """The model variables of the last checkpoints of ``run`` under two model folders are
+        bit for bit the same."""
+        final = [tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(d, run)))
+                 for d in (first, second)]
+        names = [n for n in final[1].get_variable_to_shape_map() if "model_variables" in n]
+        self.assertNotEmpty(names)
+        for name in names:
+            self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
+
     @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_a_killed_worker_is_restarted_and_the_job_ends_as_an_uninterrupted_one(self):
         # The command and the lines the resume guide quotes (block restart_after_a_kill).
@@ -148,12 +158,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         uninterrupted = job(uninterrupted_dir, max_restarts=0)
         self.assertEqual(uninterrupted.wait(timeout=300), 0)
         uninterrupted.stdout.close()
-        final = [tf.train.load_checkpoint(tf.train.latest_checkpoint(
-            os.path.join(d, "multi_worker_1_devices"))) for d in (killed_dir, uninterrupted_dir)]
-        names = [n for n in final[1].get_variable_to_shape_map() if "model_variables" in n]
-        self.assertNotEmpty(names)
-        for name in names:
-            self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
+        self.assertSameFinalWeights(killed_dir, uninterrupted_dir, "multi_worker_1_devices")
 
     @pytest.mark.cluster  # Several processes for a while: `pytest -m cluster`.
     def test_automatic_saves_of_a_job_agree_and_a_kill_resumes_from_the_last(self):
@@ -181,12 +186,7 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         whole = train_job(2, whole_dir, *flags)
         self.assertEqual(whole.wait(timeout=300), 0)
         whole.stdout.close()
-        final = [tf.train.load_checkpoint(tf.train.latest_checkpoint(
-            os.path.join(d, "multi_worker_allreduce_1_devices"))) for d in (killed_dir, whole_dir)]
-        names = [n for n in final[1].get_variable_to_shape_map() if "model_variables" in n]
-        self.assertNotEmpty(names)
-        for name in names:
-            self.assertAllEqual(final[1].get_tensor(name), final[0].get_tensor(name), msg=name)
+        self.assertSameFinalWeights(killed_dir, whole_dir, "multi_worker_allreduce_1_devices")
 
     @parameterized.parameters(
         ("epoch_checkpoint", "multi_worker_allreduce"),
