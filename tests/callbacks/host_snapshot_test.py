@@ -41,7 +41,8 @@ class HostMirrorTest(testing.StrategyTestCase):
         self.assertEqual(sorted(expected), sorted(actual))
         for key, value in expected.items():
             self.assertEqual(np.asarray(value).dtype, np.asarray(actual[key]).dtype, key)
-            self.assertTrue(np.array_equal(value, actual[key]), key)
+            # Bit for bit (a NaN too: a replica left without examples sums one on Keras 3.16).
+            self.assertEqual(np.asarray(value).tobytes(), np.asarray(actual[key]).tobytes(), key)
 
     def test_a_mirror_writes_what_the_checkpoint_writes_for_generated_models(self):
         failures = []
