@@ -64,9 +64,9 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
     """What saving inside an epoch costs (``benchmarks/saving.py``)."""
     lines = []
     for path, run in files:
+        devices = f"{run['devices']} device{'s' if run['devices'] != 1 else ''}"
         lines += [f"{run['model']}, global batch {run['batch']}, {run['steps']} steps an epoch "
-                  f"on {run['devices']} device{'s' if run['devices'] != 1 else ''} ({run['entry']}), "
-                  f"{len(run['rounds'])} "
+                  f"on {devices} ({run['entry']}), {len(run['rounds'])} "
                   "rounds:", "",
                   "| saving | throughput of no saving (median, rounds) | step held per save | "
                   "a write | a kill loses at most |", "| --- | --- | --- | --- | --- |"]
