@@ -60,7 +60,7 @@ class MultiProcessInitializeTest(testing.TestCase):
         os.environ.clear()
 
     def test_initialize_with_explicit_param(self, mock_backend_initialize):
-        job_addresses = "10.0.0.1:1234,10.0.0.2:2345"
+        job_addresses = "127.0.0.1:1234,127.0.0.1:2345"  # Loopback (mocked).
         num_processes = 2
         current_process_id = 0
 
@@ -73,7 +73,7 @@ class MultiProcessInitializeTest(testing.TestCase):
         )
 
     def test_initialize_with_env_vars(self, mock_backend_initialize):
-        job_addresses = "10.0.0.1:1234,10.0.0.2:2345"
+        job_addresses = "127.0.0.1:1234,127.0.0.1:2345"  # Loopback (mocked).
         num_processes = 2
         current_process_id = 0
         os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = job_addresses
