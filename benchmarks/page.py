@@ -53,11 +53,19 @@ def _caption(path: str, run: dict[str, Any]) -> str:
             f"`{run['command']}`")
 
 
-def _mode(mode: str) -> str:
-    every, _, sync = mode.partition(":")
+def _mode(mode: str, entry: dict[str, Any], chosen: bool) -> str:
+    """A mode's row heading: its interval and how its saves were written (``chosen``: a mode
+    without ``:sync`` or ``:background`` let ``EpochCheckpoint`` choose; before it could, it
+    wrote in the background)."""
+    every, _, way = mode.partition(":")
     words = {"none": "none", "auto": "`auto` (2% budget)"}.get(
         every, f"every {every} step{'s' if every != '1' else ''}")
-    return words + (", within the step" if sync else "")
+    if way:
+        return words + (", within the step" if way == "sync" else ", in the background")
+    if not chosen:
+        return words + ", in the background"
+    return (f"{words}, the way chosen ({entry['in_background']} of {entry['saves']} saves in "
+            "the background)")
 
 
 def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
@@ -65,6 +73,9 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
     lines = []
     for path, run in files:
         devices = f"{run['devices']} device{'s' if run['devices'] != 1 else ''}"
+        if run.get("workers", 1) > 1:
+            devices = f"{run['workers']} worker processes of {devices} each"
+        chosen = run.get("default_write") == "auto"
         lines += [f"{run['model']}, global batch {run['batch']}, {run['steps']} steps an epoch "
                   f"on {devices} ({run['entry']}), {len(run['rounds'])} "
                   "rounds:", "",
@@ -73,7 +84,8 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
         for mode, entry in run["summary"].items():
             if mode == "none":
                 continue
-            every = mode.partition(":")[0]
+            every, _, way = mode.partition(":")
+            within = way == "sync" or (chosen and not way and not entry["in_background"])
             step = entry["step_seconds"]
             if every == "auto":
                 interval = entry.get("interval") or 0
@@ -85,13 +97,14 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
                     loses = (f"{steps:.1f} steps, {steps * step:.1f} s (at epochs' ends: every "
                              f"{interval} is an epoch or longer)")
             else:
-                steps = int(every) + (0 if ":" in mode else entry["write_seconds"] / step)
+                steps = int(every) + (0 if within else entry["write_seconds"] / step)
                 loses = f"{steps:.1f} steps, {steps * step:.1f} s"
             low, high = entry["ratio_range"]
-            lines.append(f"| {_mode(mode)} | {entry['throughput_ratio']:.3f} ({low:.3f}-"
-                         f"{high:.3f}) | {entry['held_seconds_per_save'] * 1000:.1f} ms | "
+            lines.append(f"| {_mode(mode, entry, chosen)} | {entry['throughput_ratio']:.3f} "
+                         f"({low:.3f}-{high:.3f}) | "
+                         f"{entry['held_seconds_per_save'] * 1000:.1f} ms | "
                          f"{entry['write_seconds'] * 1000:.0f} ms"
-                         f"{' (within the step)' if ':' in mode else ''} | {loses} |")
+                         f"{' (within the step)' if within else ''} | {loses} |")
         lines += ["", _caption(path, run), ""]
     return "\n".join(lines)
 

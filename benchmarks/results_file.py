@@ -17,8 +17,9 @@ KERNEL_FLAGS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "TF_NUM_INTRAOP_T
 """Environment variables that change which kernels run, recorded as set (or unset)."""
 
 
-def header() -> dict[str, Any]:
-    """The run's provenance: command, date, CPU kind, versions, kernel flags."""
+def header(launcher: str = "") -> dict[str, Any]:
+    """The run's provenance: command (after ``launcher``'s, where a launcher ran it), date,
+    CPU kind, versions, kernel flags."""
     import keras
     import tensorflow as tf
 
@@ -26,7 +27,7 @@ def header() -> dict[str, Any]:
     from tfpar.host import machine
     from tfpar.host import onednn
 
-    return {"command": " ".join(["python", *sys.argv]),
+    return {"command": " ".join([*launcher.split(), "python", *sys.argv]),
             "date": datetime.date.today().isoformat(),
             "cpu": machine.describe_cpu(), "cpu_info": machine.cpu(),
             "onednn": onednn.current().describe(),
@@ -35,8 +36,10 @@ def header() -> dict[str, Any]:
             "flags": {name: os.environ.get(name, "unset") for name in KERNEL_FLAGS}}
 
 
-def write(path: str, rounds: list[dict[str, Any]], **summary: Any) -> None:
-    """Writes the results file ``path``: the header, every round and the summary."""
+def write(path: str, rounds: list[dict[str, Any]], launcher: str = "",
+          **summary: Any) -> None:
+    """Writes the results file ``path``: the header (``launcher``: the command that launched
+    this one, if any), every round and the summary."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({**header(), "rounds": rounds, **summary}, f, indent=1)
+        json.dump({**header(launcher), "rounds": rounds, **summary}, f, indent=1)
         f.write("\n")

@@ -80,8 +80,8 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_model(model)
         checkpoint.set_params({"steps": 9})
         saved = []
-        with mock.patch.object(checkpoint, "save_inside_epoch",
-                               side_effect=lambda epoch, steps, wait=True:
+        with mock.patch.object(checkpoint, "_save_or_raise",
+                               side_effect=lambda epoch, steps, background=False:
                                saved.append((epoch, steps))):
             checkpoint.on_train_begin()
             checkpoint.on_epoch_begin(1)
@@ -100,9 +100,10 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         now = [0.0]
         saved = []
 
-        def save(epoch, steps, wait=True):  # A save takes 0.1 s.
+        def save(epoch, steps, background=False):  # A save takes 0.1 s, within the step.
             now[0] += 0.1
             saved.append((epoch, steps))
+            return False
 
         with mock.patch("time.perf_counter", lambda: now[0]):
             checkpoint = checkpointing.EpochCheckpoint(
@@ -110,7 +111,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_model(model)
         checkpoint.set_params({"steps": 20})
         out = io.StringIO()
-        with mock.patch.object(checkpoint, "save_inside_epoch", side_effect=save), \
+        with mock.patch.object(checkpoint, "_save_or_raise", side_effect=save), \
                 contextlib.redirect_stdout(out):
             checkpoint.on_train_begin()
             checkpoint.on_epoch_begin(0)
@@ -123,8 +124,9 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(checkpoint.interval, 5)
         self.assertEqual(out.getvalue(), checkpoint.interval_chosen + "\n")
         self.assertEqual(checkpoint.interval_chosen,
-                         "Saving every 5 step(s) inside an epoch: a save took 0.1 s and a step "
-                         "1 s, so these saves cost 2% of the training time (budget 2%).")
+                         "Saving every 5 step(s) inside an epoch: a save written within the "
+                         "step took 0.1 s and a step 1 s, so these saves cost 2% of the "
+                         "training time (budget 2%).")
 
     def test_auto_on_epochs_too_short_to_save_inside_chooses_at_the_first_epoch_end(self):
         strategy = self.strategy("mirrored", 2)
@@ -138,12 +140,13 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         checkpoint.set_params({"steps": 3, "verbose": 1})
         inside, out = [], io.StringIO()
 
-        def save_at_end(epochs, steps, background=False):  # An epoch's end save takes 0.5 s.
+        def save(epochs, steps, background=False):  # An epoch's end save takes 0.5 s.
+            if steps:
+                inside.append((epochs, steps))
             now[0] += 0.5
+            return False
 
-        with mock.patch.object(checkpoint, "save_inside_epoch",
-                               side_effect=lambda *position, wait=True: inside.append(position)), \
-                mock.patch.object(checkpoint, "_save_or_raise", side_effect=save_at_end), \
+        with mock.patch.object(checkpoint, "_save_or_raise", side_effect=save), \
                 contextlib.redirect_stdout(out):
             checkpoint.on_train_begin()
             for epoch in range(3):
@@ -156,9 +159,9 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         self.assertEqual(checkpoint.interval, 25)  # 0.5 / (2% of 1 s).
         # On a line of its own after Keras's progress bar (verbose=1).
         self.assertEqual(out.getvalue(),
-                         "\nSaving at epochs' ends only: a save took 0.5 s and a step 1 s, so "
-                         "the most frequent saves within the budget of 2% of the training time "
-                         "come every 25 steps, and an epoch has 3.\n")
+                         "\nSaving at epochs' ends only: a save written within the step took "
+                         "0.5 s and a step 1 s, so the most frequent saves within the budget of "
+                         "2% of the training time come every 25 steps, and an epoch has 3.\n")
 
     def test_auto_in_a_real_fit_says_its_interval_and_saves_inside_the_epoch(self):
         directory = self.get_temp_dir()
@@ -179,6 +182,35 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         # The first save inside the epoch, timed, after 3 steps timed (not the first).
         self.assertIn((0, 4), checkpoint._known.values())
 
+    def test_auto_times_both_ways_of_writing_in_a_real_fit_then_writes_the_cheaper(self):
+        strategy = self.strategy("mirrored", 2)
+        with strategy.scope():
+            model = testing.tiny_model()
+        checkpoint = checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                                   save_every_steps=1)
+        ways, save = [], checkpoint._save_or_raise
+
+        def recorded(*args, **kwargs):
+            ways.append(save(*args, **kwargs))
+            return ways[-1]
+
+        data = tf.data.Dataset.from_tensor_slices(
+            (np.zeros((96, 18, 18, 1), np.float32), np.zeros((96,), np.int64))).batch(8)
+        with mock.patch.object(checkpoint, "_save_or_raise", recorded), \
+                self.assertLogs(level="INFO") as logs:
+            model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
+        # Within the step (the first, timed whole), in the background, within again (the
+        # first is the slowest), then the cheaper way, said.
+        self.assertEqual(ways[:3], [False, True, False])
+        said = [line for line in logs.output if "Writing saves " in line]
+        self.assertRegex(said[0], r"Writing saves (in the background|within the step): a save "
+                                  r"(written within the step took [0-9.e-]+ s \(in the "
+                                  r"background it cost [0-9.e-]+ s\)|written in the background "
+                                  r"held the step [0-9.e-]+ s and slowed the steps beside its "
+                                  r"write by [0-9.e-]+ s \(within the step: [0-9.e-]+ s\))\.$")
+        self.assertEqual(ways[3], "in the background" in said[0])
+        self.assertEqual(checkpoint.restore(), 1)
+
     def test_a_bad_save_interval_or_budget_is_one_line(self):
         strategy = self.strategy("mirrored", 2)
         with strategy.scope():
@@ -193,6 +225,12 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                                      r"training time from 0\.0001 to below 1"):
                 checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
                                               save_every_steps="auto", save_budget=bad)
+        with self.assertRaisesRegex(ConfigError, r"^write_in_background must be True \(in the "
+                                                 r"background\), False \(within the step\) or "
+                                                 r"'auto' \(the cheaper, timed on this run\)\. "
+                                                 r"Received: write_in_background='yes'\.$"):
+            checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
+                                          write_in_background="yes")
         with self.assertRaisesRegex(ConfigError, r"^save_budget applies only with "
                                                  r"save_every_steps='auto'\. Received: "
                                                  r"save_every_steps=5\.$"):
@@ -217,7 +255,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         with strategy.scope():
             model = batchnorm_model()
         checkpoint = checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
-                                                   save_every_steps=2)
+                                                   save_every_steps=2, write_in_background=True)
         original, writing = checkpoint._saved_even_if_not_swept, []
         during = [] if during is None else during
 

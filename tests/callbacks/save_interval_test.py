@@ -85,10 +85,88 @@ class IntervalChooserTest(unittest.TestCase):
         chooser.epoch_ended()
         chooser.step_ended(1)  # A new epoch's first call (after evaluation, a save): not timed.
         chooser.step_ended(3)  # 2 steps in 4 s.
-        chooser.timed_save(lambda: None)  # 2 s: the first save, the slowest.
+        chooser.timed_save(lambda: False)  # 2 s: the first save, the slowest.
+        self.assertEqual(chooser.save_seconds, 2.0)  # The only one.
         chooser.step_ended(5)  # 2 steps in 1 s, after the save.
-        chooser.timed_save(lambda: None)  # 0 s.
-        chooser.timed_save(lambda: None)  # 1 s.
+        chooser.timed_save(lambda: False)  # 0 s.
+        chooser.timed_save(lambda: False)  # 1 s.
         self.assertEqual(chooser.step_seconds, 1.0)  # Of 1, 2 and 0.5.
-        self.assertEqual(chooser.save_seconds, 1.0)  # Of 2, 0 and 1.
-        self.assertEqual(chooser.choose(), 10)  # 1 / (0.1 * 1).
+        self.assertEqual(chooser.save_seconds, 0.5)  # Of 0 and 1: the first is left out.
+        self.assertEqual(chooser.choose(), 5)  # 0.5 / (0.1 * 1).
+
+
+class WriteModeTest(unittest.TestCase):
+    """How a save is written, chosen from the costs timed: a fake clock moved by the steps and
+    saves as a run's would be."""
+
+    def run_saves(self, slowed_step: float, writes_share_cores: bool = True,
+                  in_background: bool | None = None) -> save_interval.IntervalChooser:
+        """1 s steps; a first save of 3 s within the step, then saves of 0.1 s in the
+        background (the two calls after each take ``slowed_step``) or 0.5 s within."""
+        now = [0.0]
+        chooser = save_interval.IntervalChooser(0.02, clock=lambda: now[0],
+                                                writes_share_cores=writes_share_cores,
+                                                in_background=in_background)
+        self.ways = []
+        steps = 0
+
+        def call(seconds: float, writing: bool) -> None:
+            nonlocal steps
+            now[0] += seconds
+            steps += 1
+            chooser.step_ended(steps, writing=writing)
+
+        for _ in range(4):
+            call(1.0, False)
+        for first in (True, False, False, False):
+            background = chooser.next_in_background()
+            self.ways.append(background)
+
+            def save(background=background, first=first) -> bool:
+                now[0] += 0.1 if background else 3.0 if first else 0.5
+                return background
+
+            chooser.timed_save(save)
+            call(slowed_step if background else 1.0, background)
+            call(slowed_step if background else 1.0, False)
+            call(1.0, False)
+        return chooser
+
+    def test_the_cheaper_way_measured_with_the_steps_a_write_slows(self):
+        # A write that slows the two steps beside it by 0.5 s each costs 1.1 s a save: more
+        # than 0.5 s within the step (one device taking both cores).
+        chooser = self.run_saves(slowed_step=1.5)
+        self.assertEqual(self.ways, [False, True, False, False])
+        self.assertAlmostEqual(chooser.background_seconds, 1.1)
+        self.assertEqual(chooser.within_seconds, 0.5)
+        self.assertEqual(chooser.save_seconds, 0.5)
+        self.assertEqual(chooser.choose(), 25)  # 0.5 / (0.02 * 1).
+        self.assertEqual(chooser.how, "a save written within the step took 0.5 s (in the "
+                                      "background it cost 1.1 s)")
+        # Slowed by 0.05 s each: 0.2 s a save, less than 0.5.
+        chooser = self.run_saves(slowed_step=1.05)
+        self.assertEqual(self.ways, [False, True, False, True])
+        self.assertAlmostEqual(chooser.save_seconds, 0.2)
+        self.assertEqual(chooser.how, "a save written in the background held the step 0.1 s "
+                                      "and slowed the steps beside its write by 0.1 s (within "
+                                      "the step: 0.5 s)")
+
+    def test_beside_an_accelerator_or_when_told_the_way_is_not_chosen(self):
+        chooser = self.run_saves(slowed_step=1.5, writes_share_cores=False)
+        self.assertEqual(chooser.slowed_seconds, 0.0)  # The steps are not the write's.
+        self.assertEqual(chooser.how, "a save written in the background held the step 0.1 s, "
+                                      "its write running beside the step (within the step: "
+                                      "0.5 s)")
+        self.run_saves(slowed_step=1.05, in_background=False)
+        self.assertEqual(self.ways, [False] * 4)
+        self.run_saves(slowed_step=1.5, in_background=True)
+        self.assertEqual(self.ways, [False, True, True, True])  # The first is timed whole.
+
+    def test_the_way_is_checked_in_one_line(self):
+        self.assertIsNone(save_interval.checked_write_mode("auto"))
+        self.assertIs(save_interval.checked_write_mode(False), False)
+        for bad in (1, "yes", None, "AUTO"):
+            with self.assertRaisesRegex(ConfigError, r"^write_in_background must be True \(in "
+                                                     r"the background\), False \(within the "
+                                                     r"step\) or 'auto' "):
+                save_interval.checked_write_mode(bad)

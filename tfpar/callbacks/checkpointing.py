@@ -125,13 +125,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
             a job each choose at the same steps, and take the longest of their intervals.
         save_budget: With ``save_every_steps="auto"``, the largest fraction of the training
             time saving may take (0.02: 2%).
-        write_in_background: The step waits only for a copy of the state in host memory,
-            written in the background (see the module docstring); ``False``: a save writes
-            and commits before the step goes on.
+        write_in_background: How a save inside an epoch is written. ``"auto"``: the way
+            that costs the training less, from the saves timed on this run (on the CPU a
+            write in the background takes the step's cores, and can cost more than one within
+            the step; see :mod:`tfpar.callbacks.save_interval`); ``True``: in the background,
+            the step waiting only for a copy of the state in host memory (see the module
+            docstring); ``False``: a save writes and commits before the step goes on. Without
+            saves inside an epoch, the epochs' ends are written in the background unless
+            ``False``.
 
     Raises:
-        ConfigError: If ``save_every_steps`` is not an integer >= 0 or ``"auto"``, or
-            ``save_budget`` is not in (0, 1).
+        ConfigError: If ``save_every_steps`` is not an integer >= 0 or ``"auto"``,
+            ``save_budget`` is not in (0, 1), or ``write_in_background`` is not ``True``,
+            ``False`` or ``"auto"``.
     """
 
     MADE_WITH_FILE = "made_with.json"
@@ -153,9 +159,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def __init__(self, directory: str, model: keras.Model, strategy: tf.distribute.Strategy,
                  max_to_keep: int = 2, made_with: dict[str, Any] | None = None,
                  save_every_steps: int | str = 0, save_budget: float = save_interval.BUDGET,
-                 write_in_background: bool = True):
+                 write_in_background: bool | str = save_interval.AUTO):
         super().__init__()
-        self._background = bool(write_in_background)
+        in_background = save_interval.checked_write_mode(write_in_background)
+        self._background = in_background is not False
         self._mirror: host_snapshot.HostMirror | None = None
         self.save_every_steps = save_interval.checked_interval(save_every_steps)
         auto = self.save_every_steps == save_interval.AUTO
@@ -175,8 +182,15 @@ class EpochCheckpoint(keras.callbacks.Callback):
             replicas = [device.name for device in tf.config.list_logical_devices("GPU")[:1]]
         on_cpu = all(tf.DeviceSpec.from_string(device).device_type == "CPU"
                      for device in replicas)
-        self._chooser = (save_interval.IntervalChooser(budget, writes_share_cores=on_cpu)
-                         if auto else None)
+        # Saves inside an epoch are timed where the interval or the way of writing them is
+        # chosen (beside an accelerator a write in the background costs only its copy).
+        if in_background is None and not on_cpu:
+            in_background = True
+        self._auto_interval = auto
+        self._chooser = (save_interval.IntervalChooser(budget, writes_share_cores=on_cpu,
+                                                       in_background=in_background)
+                         if auto or (in_background is None and self.save_every_steps)
+                         else None)
         #: The steps between saves inside an epoch (0: none, or with ``"auto"`` none chosen).
         self.interval = 0 if auto else int(self.save_every_steps)
         #: With ``"auto"``, the line that says the interval chosen (``None`` until then).
@@ -477,25 +491,25 @@ class EpochCheckpoint(keras.callbacks.Callback):
         steps = batch + 1  # Of this epoch (Keras numbers a resumed epoch's from its step).
         chooser = self._chooser
         if chooser is not None:
-            chooser.step_ended(steps)
+            chooser.step_ended(steps, writing=self._writer.in_flight)
         loss = (logs or {}).get("loss")
         if (steps >= ((self.params or {}).get("steps") or math.inf)
                 or (loss is not None and not math.isfinite(float(loss)))):
             return  # The epoch's last step (its end saves); a diverged state is never saved.
-        if chooser is None:
+        if not self._auto_interval:
             if steps // self.interval <= self._saved_step // self.interval:
                 return  # No multiple of the interval reached since the last save (several
                 # steps per call move on by several).
         elif not self.interval:
-            if not chooser.ready:
+            if chooser is None or not chooser.ready:
                 return  # The first save inside an epoch, once enough calls are timed.
         elif steps - self._saved_step < self.interval:
             return
         self._saved_step = steps
         if chooser is None:
-            self.save_inside_epoch(self._epoch, steps, wait=False)
+            self._save_or_raise(self._epoch, steps, background=True)
             return
-        chooser.timed_save(lambda: self.save_inside_epoch(self._epoch, steps, wait=False))
+        chooser.timed_save(lambda: self._save_or_raise(self._epoch, steps, background=True))
         self._choose_interval()
 
     def _choose_interval(self) -> None:
@@ -503,6 +517,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         first chosen, logged when the times move it."""
         chooser = self._chooser
         if chooser is None or not chooser.timed:
+            return
+        if chooser.changed() and self._chief:
+            logging.info("Writing saves %s: %s.", "in the background"
+                         if chooser.next_in_background() else "within the step", chooser.how)
+        if not self._auto_interval:
             return
         # Saves come at the end of a call of the step: whole calls of several steps.
         per_call = getattr(self.model, "steps_per_execution", 1)
@@ -515,7 +534,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         first, self.interval = not self.interval, interval
         self.interval_chosen = save_interval.describe(
             interval, chooser.step_seconds, chooser.save_seconds, chooser.budget,
-            (self.params or {}).get("steps"), chooser.background, here=here, chosen=chosen)
+            (self.params or {}).get("steps"), chooser.how, here=here, chosen=chosen)
         if not self._chief:
             return
         if first:
@@ -671,9 +690,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self._save_or_raise(epoch, steps, background=not wait)
         return self.describe(epoch, steps)
 
-    def _save_or_raise(self, epochs: int, steps: int, background: bool = False) -> None:
+    def _save_or_raise(self, epochs: int, steps: int, background: bool = False) -> bool:
         """Saves the position ``(epochs, steps)``: the step waits for the snapshot, and, unless
-        ``background`` (and a mirror in host memory serves), for the write and commit too.
+        ``background`` (and a mirror in host memory serves, and the saves' timing does not
+        have this one written within the step), for the write and commit too; returns
+        whether the write goes on in the background.
 
         Raises:
             StateNotSavedError, PeerLostError: If this save, or the one written in the
@@ -690,10 +711,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
             saving.close()
             raise
 
-        # The automatic interval's first save is written within the step: its whole time is
-        # known before the first choice (a write in the background is timed as it ends).
+        # The saves' timing has the first written within the step (its whole time is known
+        # before the first choice), and where the way is chosen, each the cheaper way.
         background = (background and self._mirror is not None
-                      and (self._chooser is None or self._chooser.timed))
+                      and (self._chooser is None or self._chooser.next_in_background()))
 
         def write() -> None:
             start = time.perf_counter()
@@ -709,6 +730,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             self._writer.start(write)
         else:
             write()
+        return background
 
     def _said_saved(self, path: str, epochs: int, steps: int) -> None:
         if self._chief:

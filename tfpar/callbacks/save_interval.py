@@ -1,18 +1,20 @@
-"""The automatic interval of saves inside an epoch: the most frequent whose cost stays within
-a budget of the training time, from the steps and saves timed on this run (CheckFreq's rule,
-FAST'21).
+"""What saving inside an epoch costs, and how to make it cheapest: the way a save is written
+(within the step, or in the background) and the automatic interval, the most frequent whose
+cost stays within a budget of the training time, both from the steps and saves timed on this
+run (CheckFreq's rule, FAST'21).
 
 A save every ``N`` steps costs ``save / (N * step)`` of the training time, so the interval is
 the smallest ``N`` for which that is at most the budget. :class:`IntervalChooser` times the
 steps of a run (not an epoch's first call, which follows its evaluation and save, nor the
-saves) and every save, and chooses from their medians (a process's first save is its slowest).
-A save written in the background costs the time it holds the step, plus, where the write runs
-on the cores the step runs on (training on the CPU), the write's time: there it takes those
-cores from the step; beside an accelerator's step it costs nothing more. No TensorFlow.
+saves) and every save, and chooses from their medians. A save written in the background costs
+the time it holds the step, plus, where the write runs on the cores the step runs on (training
+on the CPU), what the steps beside it took longer: measured, as it depends on how fully the
+step uses the cores; beside an accelerator's step it costs nothing more. No TensorFlow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import re
@@ -66,6 +68,22 @@ def checked_budget(value: Any, argument: str = "save_budget") -> float:
                       argument=argument)
 
 
+def checked_write_mode(value: Any, argument: str = "write_in_background") -> bool | None:
+    """``value`` as a way of writing saves: ``True`` (in the background), ``False`` (within
+    the step) or ``None`` for :data:`AUTO` (the cheaper, chosen from the saves timed).
+
+    Raises:
+        ConfigError: Naming ``argument``, for anything else.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value == AUTO:
+        return None
+    raise ConfigError(f"{{argument}} must be True (in the background), False (within the "
+                      f"step) or {AUTO!r} (the cheaper, timed on this run). Received: "
+                      f"{{argument}}={value!r}.", argument=argument)
+
+
 def within_budget(step_seconds: float, save_seconds: float, budget: float) -> int:
     """The most frequent interval, in steps, whose saves cost at most ``budget`` of the time.
 
@@ -91,8 +109,7 @@ def percent(fraction: float) -> str:
 
 
 def describe(interval: int, step_seconds: float, save_seconds: float, budget: float,
-             epoch_steps: int | None = None,
-             background: tuple[float, float, bool] | None = None,
+             epoch_steps: int | None = None, how: str | None = None,
              here: int | None = None, chosen: int | None = None) -> str:
     """The interval chosen and why, in one line (saving at epochs' ends only where the
     interval is an epoch or longer).
@@ -103,18 +120,13 @@ def describe(interval: int, step_seconds: float, save_seconds: float, budget: fl
         save_seconds: This process's median save cost.
         budget: The budget.
         epoch_steps: The steps of an epoch, where known.
-        background: The seconds a save held the step and its write took in the background,
-            and whether the write shares the step's cores (then ``save_seconds`` is their sum).
+        how: What a save costs and how it is written, in words (:attr:`IntervalChooser.how`);
+            ``None``: "a save took ``save_seconds``".
         here: This process's interval, where the job saves at another worker's longer one.
         chosen: What this process's times gave, where ``here`` is that rounded up to whole
             calls of several steps.
     """
-    times = f"a save took {save_seconds:.3g} s and a step {step_seconds:.3g} s"
-    if background is not None:
-        held, write, shared = background
-        times = (f"a save held the step {held:.3g} s and was written in {write:.3g} s "
-                 f"{'on the cores the step runs on' if shared else 'beside the step'}, and a "
-                 f"step took {step_seconds:.3g} s")
+    times = f"{how or f'a save took {save_seconds:.3g} s'} and a step {step_seconds:.3g} s"
     longer = ""
     if chosen is not None and here is not None and here != chosen:
         longer = f" (rounded up from {chosen} to whole calls of the step)"
@@ -129,35 +141,74 @@ def describe(interval: int, step_seconds: float, save_seconds: float, budget: fl
             f"cost {percent(cost)} of the training time (budget {percent(budget)}).")
 
 
+@dataclasses.dataclass
+class _Slowed:
+    """The calls of the step that ran beside one save's write in the background: their
+    seconds and steps, and whether they are all timed (a later save, or a call that ended with
+    no write in flight, closes them)."""
+
+    calls: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    closed: bool = False
+
+
 class IntervalChooser:
-    """Times a run's steps and saves, and chooses the interval from their medians.
+    """Times a run's steps and saves: chooses how to write a save (within the step, or in the
+    background) and the interval, from their medians.
+
+    A save written within the step costs the time it holds the step. One written in the
+    background costs the time it holds the step (the copy to host memory), plus, where the
+    write runs on the cores the step runs on (training on the CPU), what the steps beside the
+    write took longer than the others: measured, not assumed, since how much of the cores a
+    write takes depends on how fully the step uses them (on one device of two cores a write
+    took more than it saved; on two devices it saved a third of a save's cost). The first save
+    is written within the step (its whole time is then known before the first choice); where
+    the way of writing is chosen, the next one in the background, and from then on each save is
+    written the way whose median cost is lower.
 
     Args:
         budget: The largest fraction of the training time saving may take.
         clock: Seconds, monotonic (``None``: ``time.perf_counter``).
         writes_share_cores: Whether a save's write in the background runs on the cores the
-            step runs on (training on the CPU): its time then counts as the save's cost.
+            step runs on (training on the CPU): the steps it slows then count as its cost.
+        in_background: ``None``: choose how to write, from the costs timed; ``True``: every
+            save after the first in the background; ``False``: every save within the step.
     """
 
     def __init__(self, budget: float = BUDGET, clock: Callable[[], float] | None = None,
-                 writes_share_cores: bool = False):
+                 writes_share_cores: bool = False, in_background: bool | None = True):
         self.budget, self._clock = budget, clock or time.perf_counter
         self.writes_share_cores = writes_share_cores
+        self._in_background = in_background
         self._step_seconds: list[float] = []
-        self._save_seconds: list[float] = []
+        self._within_seconds: list[float] = []  # Saves written within the step.
+        self._held_seconds: list[float] = []  # The step held by saves written in background.
         self._write_seconds: list[float] = []
-        self._last: tuple[float, int] | None = None  # (time, steps) at the last call's end.
+        self._slowed: list[_Slowed] = []  # Per save written in the background.
+        # (time, steps) at the last call's end, and whether a write was in flight then.
+        self._last: tuple[float, int, bool] | None = None
         self._calls = 0
+        self._said: bool | None = None  # The way of writing last said (see :meth:`changed`).
 
-    def step_ended(self, steps: int) -> None:
+    def step_ended(self, steps: int, writing: bool = False) -> None:
         """Notes that the epoch's step count reached ``steps``: the time since the last call
         is that many steps more (their mean, for several steps per call); a count that did not
-        grow (a new epoch) starts the timing afresh."""
+        grow (a new epoch) starts the timing afresh.
+
+        Args:
+            steps: The epoch's steps done.
+            writing: Whether a save's write is in flight in the background now.
+        """
         now = self._clock()
         if self._last is not None and steps > self._last[1]:
-            self._step_seconds.append((now - self._last[0]) / (steps - self._last[1]))
+            seconds, count = now - self._last[0], steps - self._last[1]
+            if self._last[2] and self._slowed:  # This call ran beside a write.
+                self._slowed[-1].calls.append((seconds, count))
+            else:
+                self._step_seconds.append(seconds / count)
             self._calls += 1
-        self._last = (now, steps)
+        if not writing and self._slowed:
+            self._slowed[-1].closed = True
+        self._last = (now, steps, writing)
 
     def epoch_ended(self) -> None:
         """Notes an epoch's end: what follows until the next epoch's first call (evaluation,
@@ -171,13 +222,13 @@ class IntervalChooser:
 
     @property
     def step_seconds(self) -> float:
-        """The median step time (0 before any)."""
+        """The median step beside no write (0 before any)."""
         return statistics.median(self._step_seconds) if self._step_seconds else 0.0
 
     @property
     def held_seconds(self) -> float:
-        """The median time a save held the step (0 before any)."""
-        return statistics.median(self._save_seconds) if self._save_seconds else 0.0
+        """The median time a save written in the background held the step (0 before any)."""
+        return statistics.median(self._held_seconds) if self._held_seconds else 0.0
 
     @property
     def write_seconds(self) -> float:
@@ -185,18 +236,74 @@ class IntervalChooser:
         return statistics.median(self._write_seconds) if self._write_seconds else 0.0
 
     @property
-    def save_seconds(self) -> float:
-        """The median cost of a save: the time it held the step, plus its write's where that
-        shares the step's cores."""
-        return self.held_seconds + (self.write_seconds if self.writes_share_cores else 0.0)
+    def within_seconds(self) -> float | None:
+        """The median cost of a save written within the step, the first (which also builds
+        what later saves reuse) left out once there are others (``None`` before any)."""
+        timed = self._within_seconds[1:] or self._within_seconds
+        return statistics.median(timed) if timed else None
 
     @property
-    def background(self) -> tuple[float, float, bool] | None:
-        """For :func:`describe`: the held and write times and whether writes share the step's
-        cores, once a write in the background was timed (``None`` before)."""
-        if not self._write_seconds:
-            return None
-        return self.held_seconds, self.write_seconds, self.writes_share_cores
+    def slowed_seconds(self) -> float | None:
+        """The median of what the steps beside a write in the background took longer than
+        the steps beside none (``None`` before a write's steps are all timed; 0 where writes
+        do not share the step's cores)."""
+        if not self.writes_share_cores:
+            return 0.0 if self._held_seconds else None
+        step = self.step_seconds
+        slowed = [sum(seconds - count * step for seconds, count in each.calls)
+                  for each in self._slowed if each.closed]
+        return max(0.0, statistics.median(slowed)) if slowed and step > 0 else None
+
+    @property
+    def background_seconds(self) -> float | None:
+        """The median cost of a save written in the background (``None`` until known)."""
+        slowed = self.slowed_seconds
+        return None if slowed is None else self.held_seconds + slowed
+
+    def next_in_background(self) -> bool:
+        """Whether the next save is to be written in the background."""
+        if self._in_background is False or not self._within_seconds:
+            return False  # The first save is written within the step: its whole time known.
+        if self._in_background or not self._held_seconds:
+            return True
+        if len(self._within_seconds) < 2:
+            return False  # A save within the step after the first, which is the slowest.
+        background = self.background_seconds
+        return background is None or background <= (self.within_seconds or 0.0)
+
+    @property
+    def save_seconds(self) -> float:
+        """The median cost of a save the way the next one is written (0 before any)."""
+        background, within = self.background_seconds, self.within_seconds
+        if self.next_in_background() and background is not None:
+            return background
+        return within if within is not None else (background or 0.0)
+
+    @property
+    def how(self) -> str | None:
+        """What a save costs and how it is written, in words (``None`` before a save)."""
+        background, within = self.background_seconds, self.within_seconds
+        if not self.next_in_background() or background is None:
+            if within is None:
+                return None
+            other = ("" if background is None else
+                     f" (in the background it cost {background:.3g} s)")
+            return f"a save written within the step took {within:.3g} s{other}"
+        beside = (f" and slowed the steps beside its write by {self.slowed_seconds:.3g} s"
+                  if self.writes_share_cores else ", its write running beside the step")
+        other = "" if within is None else f" (within the step: {within:.3g} s)"
+        return (f"a save written in the background held the step {self.held_seconds:.3g} s"
+                f"{beside}{other}")
+
+    def changed(self) -> bool:
+        """Whether the way of writing (chosen from both ways' costs) differs from when this was
+        last asked: the first time both are known, or when their costs changed places."""
+        if self._in_background is not None or self.background_seconds is None or (
+                self.within_seconds is None):
+            return False
+        now = self.next_in_background()
+        changed, self._said = now != self._said, now
+        return changed
 
     def timed_write(self, seconds: float) -> None:
         """Notes that a save's write in the background took ``seconds``."""
@@ -205,16 +312,26 @@ class IntervalChooser:
     @property
     def timed(self) -> bool:
         """Whether a step and a save were timed."""
-        return bool(self._step_seconds and self._save_seconds)
+        return bool(self._step_seconds and (self._within_seconds or self._held_seconds))
 
-    def timed_save(self, save: Callable[[], object]) -> None:
-        """Runs ``save``, timing it; the next step's time starts after it."""
+    def timed_save(self, save: Callable[[], bool]) -> None:
+        """Runs ``save``, timing it; the next step's time starts after it.
+
+        Args:
+            save: Saves; returns whether the save's write goes on in the background.
+        """
+        if self._slowed:
+            self._slowed[-1].closed = True  # The steps beside the write before are timed.
         start = self._clock()
-        save()
+        background = save()
         end = self._clock()
-        self._save_seconds.append(end - start)
+        if background:
+            self._held_seconds.append(end - start)
+            self._slowed.append(_Slowed())
+        else:
+            self._within_seconds.append(end - start)
         if self._last is not None:
-            self._last = (end, self._last[1])
+            self._last = (end, self._last[1], bool(background))
 
     def choose(self) -> int:
         """The interval for the medians of the steps and saves timed."""
