@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -120,8 +121,49 @@ def render_keras_distribution(files: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def _threads(configuration: dict[str, Any]) -> str:
+    """A configuration's threads in words."""
+    inter = configuration["inter_op_threads"] or configuration["num_devices"]
+    return (f"{configuration['threads_per_device']} intra-op thread(s) per device, {inter} "
+            "inter-op")
+
+
+def render_world_size_invariance(files: list[tuple[str, dict[str, Any]]]) -> str:
+    """What ``virtual_replicas`` costs against the default step (``tfpar-benchmark
+    --virtual_replicas=0,V``, kept by ``record.py``)."""
+    lines = []
+    for path, run in files:
+        by_key: dict[tuple[int, int], dict[str, Any]] = {}
+        for measurement in run["measurements"]:
+            configuration = measurement["configuration"]
+            by_key[(configuration["num_devices"],
+                    configuration["entry_options"]["virtual_replicas"])] = measurement
+        first = run["measurements"][0]["configuration"]
+        rounds = len(run["measurements"][0]["images_per_second"])
+        lines += [f"{first['model']}, global batch {first['batch_size']}, "
+                  f"`{first['strategy']}`, {rounds} rounds:", "",
+                  "| devices | default: threads | images/s | `virtual_replicas`: threads | "
+                  "images/s | vs default (median, rounds) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for (devices, virtual), measurement in sorted(by_key.items()):
+            default = by_key.get((devices, 0))
+            if not virtual or default is None:
+                continue
+            ratios = [v / d for v, d in zip(measurement["images_per_second"],
+                                            default["images_per_second"])]
+            median = statistics.median(ratios)
+            lines.append(f"| {devices} | {_threads(default['configuration'])} | "
+                         f"{default['median']:.0f} | "
+                         f"{_threads(measurement['configuration'])} (V={virtual}) | "
+                         f"{measurement['median']:.0f} | **{median:.2f}** "
+                         f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        lines += ["", _caption(path, run), ""]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[list[tuple[str, dict[str, Any]]]], str]] = {
-    "saving": render_saving, "keras_distribution": render_keras_distribution}
+    "saving": render_saving, "keras_distribution": render_keras_distribution,
+    "world_size_invariance": render_world_size_invariance}
 
 
 def rendered(text: str) -> str:

@@ -17,9 +17,9 @@ KERNEL_FLAGS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "TF_NUM_INTRAOP_T
 """Environment variables that change which kernels run, recorded as set (or unset)."""
 
 
-def header(launcher: str = "") -> dict[str, Any]:
-    """The run's provenance: command (after ``launcher``'s, where a launcher ran it), date,
-    CPU kind, versions, kernel flags."""
+def header(launcher: str = "", command: list[str] | None = None) -> dict[str, Any]:
+    """The run's provenance: command (this script's, after ``launcher``'s where a launcher ran
+    it; or ``command``, where this script ran it), date, CPU kind, versions, kernel flags."""
     import keras
     import tensorflow as tf
 
@@ -27,7 +27,7 @@ def header(launcher: str = "") -> dict[str, Any]:
     from tfpar.host import machine
     from tfpar.host import onednn
 
-    return {"command": " ".join([*launcher.split(), "python", *sys.argv]),
+    return {"command": " ".join(command or [*launcher.split(), "python", *sys.argv]),
             "date": datetime.date.today().isoformat(),
             "cpu": machine.describe_cpu(), "cpu_info": machine.cpu(),
             "onednn": onednn.current().describe(),
@@ -37,9 +37,10 @@ def header(launcher: str = "") -> dict[str, Any]:
 
 
 def write(path: str, rounds: list[dict[str, Any]], launcher: str = "",
-          **summary: Any) -> None:
+          command: list[str] | None = None, **summary: Any) -> None:
     """Writes the results file ``path``: the header (``launcher``: the command that launched
-    this one, if any), every round and the summary."""
+    this one, if any; ``command``: the command measured, where this script ran another),
+    every round and the summary."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({**header(launcher), "rounds": rounds, **summary}, f, indent=1)
+        json.dump({**header(launcher, command), "rounds": rounds, **summary}, f, indent=1)
         f.write("\n")

@@ -1,6 +1,8 @@
 """Tests of world-size invariance (``virtual_replicas``): the fixed tree, the cut by position,
 bit-for-bit equality on 1, 2 and 4 devices, and what the mode refuses."""
 
+from unittest import mock
+
 import keras
 import numpy as np
 import step_test
@@ -8,7 +10,9 @@ import tensorflow as tf
 
 import tfpar
 from tfpar import testing
+from tfpar.allreduce import step as step_lib
 from tfpar.allreduce import virtual_replicas
+from tfpar.allreduce.options import StepOptions
 from tfpar.errors import ConfigError
 from tfpar.models import resnet as resnet_lib
 from tfpar.testing import generated_models
@@ -73,6 +77,19 @@ def dataset(examples: int = 48, batch: int = 16) -> tf.data.Dataset:
     x = rng.random((examples, *IMAGE), dtype=np.float32)
     y = rng.integers(0, 3, examples)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def ancestors(op: tf.Operation) -> set[str]:
+    """The names of the operations ``op`` waits for (its inputs' and control inputs')."""
+    seen: set[str] = set()
+    todo = [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                todo.append(parent)
+    return seen
 
 
 class TreeTest(tf.test.TestCase):
@@ -262,6 +279,59 @@ class RefusalsTest(testing.StrategyTestCase):
                                                  r"its own train_step \(OwnStepModel"):
             model.fit(dataset(), epochs=1, verbose=0)
 
+    def test_a_layer_that_assigns_a_variable_the_model_does_not_list(self):
+        # A stateless pass would lose the assignment: refused in one line, not lost.
+        class CountsCalls(keras.layers.Layer):
+            def __init__(self):
+                super().__init__()
+                self.calls = keras.metrics.Sum()
+
+            def call(self, x):
+                self.calls.update_state(1.0)
+                return x
+
+        strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input(IMAGE), keras.layers.Flatten(), CountsCalls(),
+                                      keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with self.assertRaisesRegex(ConfigError, r"^virtual_replicas runs a replica's shards "
+                                                 r"side by side, .* the model assigns a "
+                                                 r"variable outside the model in its call, "
+                                                 r"which is neither\. Assign only non-trainable "
+                                                 r"variables of the model in call\(\)\.$"):
+            model.fit(dataset(), epochs=1, verbose=0)
+
+    def test_the_shards_of_a_device_run_side_by_side_on_the_layouts_threads(self):
+        from tfpar.host import thread_layouts
+        self.assertEqual(thread_layouts.for_virtual_replicas(1, cores=2),
+                         thread_layouts.ThreadLayout(1, inter_op_threads=2))
+        self.assertEqual(thread_layouts.for_virtual_replicas(4, cores=2),
+                         thread_layouts.ThreadLayout(1, inter_op_threads=4))
+        # In the step's graph no shard's pass depends on another's (BatchNorm and Dropout
+        # read state each would otherwise assign) where the device has the threads to run them
+        # at once; their records of the loss and metrics follow one another.
+        strategy = tfpar.strategies.get("allreduce", devices=1, virtual_replicas=2)
+        with strategy.scope():
+            model = small_resnet()
+            model.optimizer.build(model.trainable_variables)
+        data = (tf.zeros((8, *IMAGE)), tf.zeros((8,), tf.int64), None)
+
+        def after(threads: int) -> dict[str, bool]:
+            @tf.function
+            def step():
+                return strategy.run(lambda: step_lib.train_step(
+                    model, StepOptions(virtual_replicas=2), data))
+
+            with mock.patch.object(tf.config.threading, "get_inter_op_parallelism_threads",
+                                   return_value=threads):
+                graph = step.get_concrete_function().graph
+            ops = {op.name: op for op in graph.get_operations()}
+            return {name: f"shard_0/{name}" in ancestors(ops[f"shard_1/{name}"])
+                    for name in ("cond", "cond_1")}  # The pass, then the record.
+
+        self.assertEqual(after(threads=2), {"cond": False, "cond_1": True})
+        self.assertEqual(after(threads=1), {"cond": True, "cond_1": True})
 
 if __name__ == "__main__":
     tf.test.main()

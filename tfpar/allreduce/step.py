@@ -47,6 +47,7 @@ together, in the order the step runs them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -240,6 +241,29 @@ def _convolves(model: keras.Model) -> bool:
     (Keras's convolution layers', wherever they are held, and a kernel a layer convolves with
     itself; a dense or embedding kernel has two)."""
     return any(len(v.shape) >= 3 for v in model.trainable_variables)
+
+
+def _assigned_in(scope: keras.StatelessScope, model: keras.Model, stateless: list) -> list:
+    """The values ``stateless``'s variables end a stateless pass at (their given value where
+    the pass did not assign them).
+
+    Raises:
+        ConfigError: If the pass assigned any other variable: it would be lost.
+    """
+    known = {id(variable) for variable in model.trainable_variables}
+    known.update(id(variable) for variable, _ in stateless)
+    lost = [v.path for v in model.variables if id(v) in scope.state_mapping
+            and id(v) not in known]
+    if len(scope.state_mapping) > len(known) and not lost:
+        lost = ["a variable outside the model"]
+    if lost:
+        raise ConfigError(
+            f"virtual_replicas runs a replica's shards side by side, each reading the model's "
+            f"non-trainable variables and random generators as the step starts; the model "
+            f"assigns {', '.join(lost)} in its call, which is neither. Assign only "
+            "non-trainable variables of the model in call().")
+    return [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
+            else value for variable, value in stateless]
 
 
 def empty_shard_fails(model: keras.Model) -> bool:
@@ -490,11 +514,42 @@ class _ReplicaStep:
     def forward_backward(self, x, y, sample_weight, count) -> list:
         """One shard's forward and backward pass: the gradient of its part of the global loss
         (of the variables that get one, as dense tensors), its loss and metrics recorded."""
+        grads, logged, y_pred, _ = self.gradients(x, y, sample_weight, count)
+        self.record(x, y, sample_weight, count, logged, y_pred)
+        return grads
+
+    def gradients(self, x, y, sample_weight, count,
+                  stateless: list | None = None) -> tuple[list, tf.Tensor, Any, list]:
+        """One shard's forward and backward pass, recording nothing: the gradient of its part
+        of the global loss (of the variables that get one, as dense tensors), the mean loss
+        to log, the predictions, and the values ``stateless``'s variables end at.
+
+        Args:
+            x, y, sample_weight: The shard's data.
+            count: Its example count.
+            stateless: ``(variable, value)`` pairs: the pass runs in a ``keras.StatelessScope``
+                that reads each variable as its value and assigns nothing (so that passes can
+                run side by side); ``None``: on the variables themselves.
+
+        Raises:
+            ConfigError: If, in a stateless pass, the model assigns a variable not among
+                ``stateless``'s (it would be lost).
+        """
         model, loss_scale = self.model, self.loss_scale
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            objective, logged = _local_objective(model, x, y, y_pred, sample_weight, count,
-                                                 self.total if self.weighs_in_loss else None)
+            with contextlib.ExitStack() as stack:
+                scope = None
+                if stateless is not None:
+                    # The trainable variables read inside the tape (their gradient flows
+                    # through the read), as a regularizer reads them in a stateless scope.
+                    scope = stack.enter_context(keras.StatelessScope(
+                        [(v, v.value) for v in model.trainable_variables] + stateless,
+                        collect_losses=True))
+                y_pred = model(x, training=True)
+                objective, logged = _local_objective(
+                    model, x, y, y_pred, sample_weight, count,
+                    self.total if self.weighs_in_loss else None)
+            ends = [] if scope is None else _assigned_in(scope, model, stateless or [])
             if self.loss_scale_factor and loss_scale is None:
                 objective = objective * self.loss_scale_factor
             if loss_scale is not None:
@@ -516,11 +571,15 @@ class _ReplicaStep:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
         if not self.present:
             self.present.extend(i for i, g in enumerate(grads) if g is not None)
+        return [grads[i] for i in self.present], logged, y_pred, ends
+
+    def record(self, x, y, sample_weight, count, logged, y_pred) -> None:
+        """Records a shard's loss and metrics (see :meth:`gradients`)."""
+        model = self.model
         # The mean loss logged, weighted by the examples: its replicas' sum is the global
         # mean. No public API updates the loss Keras logs (tfpar.compat.keras_internals).
         keras_internals.loss_tracker(model).update_state(logged, sample_weight=count)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return [grads[i] for i in self.present]
 
     def empty_shard(self) -> list:
         """The zero gradients of a shard without examples."""

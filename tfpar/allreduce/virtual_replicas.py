@@ -14,7 +14,8 @@ as the math goes:
   each shard starts from the step's values, and the variables end at the step's values plus
   the mean of the shards' changes (the same on every replica, so copies never drift apart).
 
-A replica holds ``V / N`` consecutive shards and runs them one after the other. The shards'
+A replica holds ``V / N`` consecutive shards and runs them side by side (each a stateless pass
+from the step's start: no shard waits for another's assignments). The shards'
 gradients, changes and example counts are added in one fixed order, a binary tree over the
 ``V`` shards (:func:`tree_nodes`): each replica adds the largest subtrees that lie inside its
 shards, the replicas all-gather those partial sums (a gather copies, it does not add), and
@@ -24,9 +25,11 @@ all-reduce keeps no such order for more than two members.
 
 What the kernels compute can depend on their threads (oneDNN's convolutions split their
 reductions by thread count: a gradient differs in its last bits between one intra-op thread and
-two), so in this mode each device runs its kernels on one intra-op thread (tfpar's programs set
-it; :func:`tfpar.devices.ensure_logical_cpus` with ``threads_per_device=1`` does, and GPUs run
-with TensorFlow's op determinism). What is not invariant: the logged loss and metrics (running
+two), so in this mode each device runs its kernels on one intra-op thread, and its shards on
+as many inter-op threads as there are cores (tfpar's programs set these:
+:func:`tfpar.host.thread_layouts.for_virtual_replicas`, given to
+:func:`tfpar.devices.ensure_logical_cpus` as its ``layout``; GPUs run with TensorFlow's op
+determinism). What is not invariant: the logged loss and metrics (running
 sums per replica, added in another order: float32 rounding), a model's own ``train_step``, and
 synchronized BatchNorm (it normalises over the global batch, not a shard: refused).
 """
@@ -34,6 +37,7 @@ synchronized BatchNorm (it normalises over the global batch, not a shard: refuse
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,7 +161,8 @@ def start_lines(replicas: int, devices: Sequence[str]) -> list[str]:
             f"{f'{threads} intra-op threads' if threads else 'all cores (intra-op threads)'}, "
             "and a kernel's sums can depend on its threads; for the same "
             "weights on any number of devices start with "
-            "tfpar.devices.ensure_logical_cpus(n, threads_per_device=1) (tfpar-train does).")
+            "tfpar.devices.ensure_logical_cpus(n, layout=tfpar.host.thread_layouts."
+            "for_virtual_replicas(n)) (tfpar-train does).")
     if replicas & (replicas - 1):
         lines.append(
             f"virtual_replicas: {replicas} replicas is not a power of two, and Keras scales "
@@ -193,11 +198,12 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
         model: The model.
         options: The step's options (``virtual_replicas`` set).
         data: This replica's ``(x, y, sample_weight)``: its consecutive shards.
-        step: The replica's step (``tfpar.allreduce.step``): its ``forward_backward(x, y,
-            sample_weight, count)`` runs one shard and returns the gradient of its part of the
-            loss, ``empty_shard()`` the zero gradients of a shard without examples, ``seeds``
-            are the model's random generators' states and ``end_seeds`` sets them where the
-            step's draws leave them.
+        step: The replica's step (``tfpar.allreduce.step``): its ``gradients(x, y,
+            sample_weight, count, stateless)`` runs one shard's pass and returns the gradient
+            of its part of the loss (``record`` records its loss and metrics),
+            ``empty_shard()`` the zero gradients of a shard without examples, ``seeds`` are
+            the model's random generators' states and ``end_seeds`` sets them where the step's
+            draws leave them.
 
     Returns:
         The global gradients' sums (in the variables' dtypes) and the global example count
@@ -217,49 +223,88 @@ def train_step(model: keras.Model, options: StepOptions, data: Any,
 
 def _run_shards(step: Any, start: _StepStart, data: Any, replica: int,
                 per_replica: int) -> tuple[dict[Node, tf.Tensor], list]:
-    """Runs this replica's shards one after the other, each from the step's start; returns
-    each shard's leaf (its gradients, the changes of the assigned variables, its generators'
+    """Runs this replica's shards side by side, each from the step's start; returns each
+    shard's leaf (its gradients, the changes of the assigned variables, its generators'
     draws, whether it ran and its example count, flat) and the last shard's gradients (for
-    their shapes and dtypes)."""
-    x, y, sample_weight = data
-    first_input = next(t for t in tree.flatten(x) if t is not None)
+    their shapes and dtypes).
+
+    Each shard's pass is stateless (``keras.StatelessScope``): it reads the assigned variables
+    and its generators as the step starts and assigns nothing, so no shard waits for another's
+    and TensorFlow runs them at once on its inter-op threads (each kernel on one thread, so
+    that its sums do not depend on how many run beside it). Their losses and metrics are then
+    recorded one shard after the other, in the shards' order.
+    """
+    first_input = next(t for t in tree.flatten(data[0]) if t is not None)
     sizes = shard_sizes(tf.shape(first_input)[0], per_replica)
     starts = tf.cumsum(sizes, exclusive=True)
     leaves: dict[Node, tf.Tensor] = {}
-    # The shards' assignments wait for the data: Keras 3.15 calls the step once more at the
-    # end of data of unknown length, a call that ends without a batch; an assignment that
-    # ran before would move the generators (by the first shard's offset) for good.
-    dependencies: list[tf.Tensor] = [sizes]
+    at_once = side_by_side(per_replica)
     for j in range(per_replica):
         shard = replica * per_replica + j
-        with tf.control_dependencies(dependencies):
-            for variable, value in zip(start.assigned, start.at_start):
-                variable.assign(value)
-            shard_seeds = []
-            for variable, value in zip(start.seeds, start.seeds_at_start):
-                offset = tf.constant([(shard + 1) * _SEED_STRIDE, 0], value.dtype)
-                shard_seeds.append(value + offset)
-                variable.assign(shard_seeds[-1])
-            part = tree.map_structure(
-                lambda t, j=j: None if t is None else t[starts[j]:starts[j] + sizes[j]],
-                (x, y, sample_weight))
-            count = tf.cast(sizes[j], tf.float32)
-
-            def run(part=part, count=count):
-                return step.forward_backward(*part, count)
-
-            grads = tf.cond(count > 0, run, step.empty_shard)
-            changes = [tf.reshape(tf.cast(v.value, tf.float32) - tf.cast(s, tf.float32), [-1])
-                       for v, s in zip(start.assigned, start.at_start)]
-            # How far the shard's draws moved each generator (0 where it did not run), and
-            # whether it ran: every shard draws alike, so the step's draws are their mean.
-            draws = [tf.reshape(tf.cast(v.value - s, tf.float32), [-1])
-                     for v, s in zip(start.seeds, shard_seeds)]
-        leaves[(shard, shard + 1)] = tf.concat(
-            [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads] + changes + draws
-            + [tf.reshape(tf.cast(count > 0, tf.float32), [1]), tf.reshape(count, [1])], 0)
-        dependencies = [leaves[(shard, shard + 1)]]
+        # At most ``at_once`` passes at a time: a shard waits for the one ``at_once`` before.
+        after = [leaves[(shard - at_once, shard - at_once + 1)]] if j >= at_once else []
+        with tf.name_scope(f"shard_{shard}"):
+            leaves[(shard, shard + 1)], grads = _run_shard(step, start, data, shard,
+                                                           sizes[j], starts[j], after)
     return leaves, grads
+
+
+def side_by_side(per_replica: int) -> int:
+    """How many of a replica's ``per_replica`` shards run at once: on a CPU, the inter-op
+    threads each of this process's devices has (the cores it has beyond its one intra-op
+    thread); a GPU runs its kernels one after the other, so one. More passes at once than
+    threads would only hold more activations in memory (on two devices of two cores,
+    ResNet-18's step ran at 0.84-0.89 of the default with both shards of each at once)."""
+    devices = tf.distribute.get_strategy().extended.worker_devices
+    if any(tf.DeviceSpec.from_string(device).device_type != "CPU" for device in devices):
+        return 1
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+    return max(1, min(per_replica, threads // max(1, len(devices))))
+
+
+def _run_shard(step: Any, start: _StepStart, data: Any, shard: int, size: tf.Tensor,
+               first: tf.Tensor, after: list[tf.Tensor]) -> tuple[tf.Tensor, list]:
+    """Shard ``shard`` (``size`` examples of ``data`` from ``first``), its pass run once
+    ``after`` exist: its leaf and its gradients (see :func:`_run_shards`)."""
+    shard_seeds = [value + tf.constant([(shard + 1) * _SEED_STRIDE, 0], value.dtype)
+                   for value in start.seeds_at_start]
+    stateless = [*zip(start.assigned, start.at_start), *zip(start.seeds, shard_seeds)]
+    part = tree.map_structure(lambda t: None if t is None else t[first:first + size], data)
+    count = tf.cast(size, tf.float32)
+    traced: list = []  # The predictions' structure, from the pass (traced first).
+
+    def run():
+        grads, logged, y_pred, ends = step.gradients(*part, count, stateless=stateless)
+        traced.append(y_pred)
+        return grads, logged, y_pred, ends
+
+    def empty():
+        # No examples: no pass, zero gradients, the state as it starts, and predictions
+        # of no examples (never recorded) in the pass's structure.
+        y_pred = tree.map_structure(
+            lambda t: tf.zeros([0, *[d or 0 for d in t.shape[1:]]], t.dtype), traced[0])
+        return (step.empty_shard(), tf.constant(0.0), y_pred,
+                [value for _, value in stateless])
+
+    with tf.control_dependencies(after):
+        grads, logged, y_pred, ends = tf.cond(count > 0, run, empty)
+
+    def record():
+        step.record(*part, count, logged, y_pred)
+        return tf.constant(0)
+
+    tf.cond(count > 0, record, lambda: tf.constant(0))
+    assigned_ends, seed_ends = ends[:len(start.assigned)], ends[len(start.assigned):]
+    changes = [tf.reshape(tf.cast(end, tf.float32) - tf.cast(s, tf.float32), [-1])
+               for end, s in zip(assigned_ends, start.at_start)]
+    # How far the shard's draws moved each generator (0 where it did not run), and
+    # whether it ran: every shard draws alike, so the step's draws are their mean.
+    draws = [tf.reshape(tf.cast(end - s, tf.float32), [-1])
+             for end, s in zip(seed_ends, shard_seeds)]
+    leaf = tf.concat(
+        [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads] + changes + draws
+        + [tf.reshape(tf.cast(count > 0, tf.float32), [1]), tf.reshape(count, [1])], 0)
+    return leaf, grads
 
 
 def _total_in_fixed_order(context: Any, leaves: dict[Node, tf.Tensor], replica: int,

@@ -340,9 +340,22 @@ def configurations(strategy_names: Sequence[str], device_counts: Sequence[int],
         [(s, o, False) for s, o in pairs if s.runs_allreduce_step]
         if communication_share else [])
     variants += [(CEILING, (), True)] if ceiling else []
-    return sweep + [Configuration(s, n, m, batch_size, threads_per_device, o,
-                                  communication=c, **options)
+    return sweep + [Configuration(s, n, m, batch_size, options=o, communication=c,
+                                  **{"threads_per_device": threads_per_device, **options,
+                                     **_virtual_replicas_threads(o, n, threads_per_device)})
                     for m in model_names for s, o, c in variants for n in device_counts]
+
+
+def _virtual_replicas_threads(options: tuple[tuple[str, Any], ...], num_devices: int,
+                              threads_per_device: int) -> dict[str, Any]:
+    """With ``virtual_replicas``, the threads ``tfpar-train`` gives the mode (one per device,
+    an inter-op thread per core: :func:`tfpar.host.thread_layouts.for_virtual_replicas`),
+    where the sweep's share per device is more than one thread."""
+    if not dict(options).get("virtual_replicas") or threads_per_device == 1:
+        return {}
+    layout = thread_layouts.for_virtual_replicas(num_devices)
+    return {"threads_per_device": layout.threads_per_device,
+            "inter_op_threads": layout.inter_op_threads}
 
 
 def _option_sets(choice: StrategyChoice, values: Mapping[str, Sequence[Any]]

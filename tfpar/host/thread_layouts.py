@@ -73,6 +73,15 @@ def default(num_devices: int, cores: int | None = None) -> ThreadLayout:
     return ThreadLayout(max(1, cores // num_devices))
 
 
+def for_virtual_replicas(num_devices: int, cores: int | None = None) -> ThreadLayout:
+    """The layout world-size invariance (``virtual_replicas``) trains with on the CPU: one
+    intra-op thread per device, as a kernel's sums can depend on its threads, and an inter-op
+    thread per core (at least one per device), on which each device runs its replica's shards
+    side by side, so that the mode still uses every core on fewer devices than cores."""
+    cores = cores or os.cpu_count() or 1
+    return ThreadLayout(1, inter_op_threads=max(num_devices, cores))
+
+
 def for_split(num_devices: int) -> ThreadLayout | None:
     """The layout a CPU split now into ``num_devices`` devices gets: the one tuned on this
     machine kind, else :func:`default`; ``None`` where the user set threads with

@@ -43,6 +43,7 @@ from tfpar.errors import ConfigError
 from tfpar.errors import NonFiniteLossError
 from tfpar.errors import PeerLostError
 from tfpar.host import onednn
+from tfpar.host import thread_layouts
 from tfpar.host.machine import cpu_flags
 from tfpar.training import evaluation
 from tfpar.training import recommendations
@@ -431,7 +432,8 @@ def _pin_for_virtual_replicas(device_sets: Sequence[devices_lib.DeviceSpec]) -> 
         elif isinstance(parsed, Sequence):
             needed = max([needed, *(int(str(name).rsplit(":", 1)[-1]) + 1 for name in parsed
                                     if "CPU" in str(name).upper())])
-    devices_lib.ensure_logical_cpus(needed, threads_per_device=1)
+    devices_lib.ensure_logical_cpus(needed,
+                                    layout=thread_layouts.for_virtual_replicas(needed))
 
 
 def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
