@@ -2,7 +2,9 @@
 ``benchmarks/results/`` (written by the benchmarks' ``--out``), so that every figure they show
 has a source.
 
-A page holds a generated block as::
+Figures measured before results files were kept are in ``history_NAME.json`` files (each the
+block of the page it fills, as copied by hand from the run's printed output, said in its
+caption). A page holds a generated block as::
 
     <!-- results: saving -->
     ...the table, as this script renders it...
@@ -11,7 +13,8 @@ A page holds a generated block as::
 and this script fills every such block of the docs from the results files of its kind (every
 file whose name starts with the kind, newest first), each table captioned with its files, CPU
 kind, versions and command. ``--check`` fails (exit 1) where a page differs from what the files
-render, as the docs test does.
+render, as the docs test does; either way a measured figure outside the generated blocks (a
+number with a unit, or a decimal, outside headings and code) fails.
 
 Usage::
 
@@ -37,12 +40,14 @@ BLOCK = re.compile(r"(<!-- results: (\w+) -->\n)(.*?)<!-- /results -->", re.S)
 
 
 def results(kind: str) -> list[tuple[str, dict[str, Any]]]:
-    """The results files of ``kind`` (their names start with it), newest first."""
+    """The results files of ``kind`` (their names start with it), newest first (of one day,
+    in reverse order of their names)."""
     files = []
     for path in sorted(glob.glob(os.path.join(RESULTS, f"{kind}_*.json"))):
         with open(path, encoding="utf-8") as f:
             files.append((os.path.relpath(path, ROOT), json.load(f)))
-    return sorted(files, key=lambda item: item[1]["date"], reverse=True)
+    # Newest first; of one day, by name from the end (a run's newer files are named so).
+    return sorted(files, key=lambda item: (item[1]["date"], item[0]), reverse=True)
 
 
 def _caption(path: str, run: dict[str, Any]) -> str:
@@ -122,10 +127,13 @@ def render_keras_distribution(files: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def _threads(configuration: dict[str, Any]) -> str:
-    """A configuration's threads in words."""
-    inter = configuration["inter_op_threads"] or configuration["num_devices"]
+    """A configuration's threads in words (of each process: a worker of a multi-process entry
+    has one device)."""
+    workers = configuration["strategy"].startswith("multi_worker")
+    local = 1 if workers else configuration["num_devices"]
+    inter = configuration["inter_op_threads"] or local
     return (f"{configuration['threads_per_device']} intra-op thread(s) per device, {inter} "
-            "inter-op")
+            f"inter-op{' in each worker process' if workers else ''}")
 
 
 def render_world_size_invariance(files: list[tuple[str, dict[str, Any]]]) -> str:
@@ -161,20 +169,95 @@ def render_world_size_invariance(files: list[tuple[str, dict[str, Any]]]) -> str
     return "\n".join(lines)
 
 
+def _label(configuration: dict[str, Any]) -> str:
+    """A configuration in words: its entry (and options), replicas and threads."""
+    options = [f"{name}={value}" for name, value in configuration["options"]]
+    if not configuration["communication"]:
+        options.append("its step without the all-reduce")
+    name = configuration["strategy"]
+    entry = f"`{name}`" + (f" ({', '.join(options)})" if options else "")
+    processes = name.startswith("multi_worker") or name == "independent"
+    unit = "processes" if processes else "devices"
+    return f"{entry}, {configuration['num_devices']} {unit}"
+
+
+def render_processes(files: list[tuple[str, dict[str, Any]]]) -> str:
+    """Entries against the ceiling (independent processes), paired (``tfpar-benchmark
+    --ceiling``, kept by ``record.py``)."""
+    lines = []
+    for path, run in files:
+        measurements = run["measurements"]
+        ceiling = next(m for m in measurements
+                       if m["configuration"]["strategy"] == "independent")
+        first = measurements[0]["configuration"]
+        lines += [f"{first['model']}, global batch {first['batch_size']}, "
+                  f"{len(ceiling['images_per_second'])} rounds, "
+                  f"{first['steps_per_execution']} step(s) per call:", "",
+                  "| configuration | images/s (median, worst-best) | vs the ceiling (median, "
+                  "rounds) | all-reduce timed alone, share of a step |",
+                  "| --- | --- | --- | --- |"]
+        for measurement in measurements:
+            ratios = [m / c for m, c in zip(measurement["images_per_second"],
+                                            ceiling["images_per_second"])]
+            configuration = measurement["configuration"]
+            step = configuration["batch_size"] / measurement["median"]
+            share = (f"{statistics.median(measurement['all_reduce_seconds']) / step:.0%}"
+                     if configuration["communication"] else "none run")
+            lines.append(f"| {_label(measurement['configuration'])} | "
+                         f"{measurement['median']:.0f} ({measurement['worst']:.0f}-"
+                         f"{measurement['best']:.0f}) | **{statistics.median(ratios):.2f}** "
+                         f"({min(ratios):.2f}-{max(ratios):.2f}) | {share} |")
+        lines += ["", _caption(path, run), ""]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[list[tuple[str, dict[str, Any]]]], str]] = {
+    "processes": render_processes,
     "saving": render_saving, "keras_distribution": render_keras_distribution,
     "world_size_invariance": render_world_size_invariance}
+
+
+HISTORY = "history_"
+"""The kind of a results file that holds figures copied by hand from a run's printed output
+(its rounds not kept): one file per block, ``history_NAME.json``, rendered as it holds them."""
+
+
+def render_history(kind: str) -> str:
+    """The block a history file holds, captioned with where its figures come from."""
+    path = os.path.join(RESULTS, f"{kind}.json")
+    with open(path, encoding="utf-8") as f:
+        run = json.load(f)
+    return (f"{run['markdown']}\n\n`{os.path.relpath(path, ROOT)}`: {run['cpu']}; "
+            f"{run['date']}. {run['provenance']}\n")
 
 
 def rendered(text: str) -> str:
     """``text`` with every generated block rendered from the results files."""
     def block(match: re.Match) -> str:
         kind = match.group(2)
+        if kind.startswith(HISTORY):
+            return f"{match.group(1)}{render_history(kind)}<!-- /results -->"
         if kind not in RENDERERS:
             raise KeyError(f"no results of kind {kind!r}: known are {', '.join(RENDERERS)}")
         return f"{match.group(1)}{RENDERERS[kind](results(kind))}<!-- /results -->"
 
     return BLOCK.sub(block, text)
+
+
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:%|ms\b|s\b|x\b|×|images/s|img/s|MiB\b|MB\b|KB\b"
+                    r"|GB\b|GFLOP)|\b\d+\.\d+\b")
+"""A measured figure: a number with a unit of time, rate, size or ratio, or a decimal."""
+
+
+def figures_outside_results(text: str) -> list[str]:
+    """The measured figures of a page outside its generated blocks (headings, code and inline
+    code aside), each with its line: every figure a page shows must come from a results file."""
+    text = BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"^#.*$", "", text, flags=re.M)
+    return [f"{figure!r} in: {line.strip()}" for line in text.split("\n")
+            for figure in FIGURE.findall(line)]
 
 
 def main() -> int:
@@ -192,11 +275,21 @@ def main() -> int:
             if not args.check:
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(new)
+    loose = [f"{page}: {figure}" for page in PAGES
+             for figure in figures_outside_results(rendered(_read(page)))]
+    for line in loose:
+        print(f"A figure outside the results blocks (put it in a results file): {line}",
+              file=sys.stderr)
     if args.check and stale:
         print(f"Stale results tables in {', '.join(stale)}: python benchmarks/page.py",
               file=sys.stderr)
         return 1
-    return 0
+    return 1 if loose else 0
+
+
+def _read(page: str) -> str:
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        return f.read()
 
 
 if __name__ == "__main__":

@@ -146,10 +146,17 @@ class WriteModeTest(unittest.TestCase):
         # Slowed by 0.05 s each: 0.2 s a save, less than 0.5.
         chooser = self.run_saves(slowed_step=1.05)
         self.assertEqual(self.ways, [False, True, False, True])
-        self.assertAlmostEqual(chooser.save_seconds, 0.2)
+        self.assertAlmostEqual(chooser.background_seconds, 0.2)
+        self.assertAlmostEqual(chooser.save_seconds, 0.2)  # No write timed: the slowed steps.
+        # The budget counts the write's whole time where it is longer than the slowing.
+        chooser.timed_write(0.3)
+        self.assertTrue(chooser.next_in_background())  # The way is chosen by the slowing.
+        self.assertAlmostEqual(chooser.save_seconds, 0.4)
+        self.assertEqual(chooser.choose(), 20)  # 0.4 / (0.02 * 1).
         self.assertEqual(chooser.how, "a save written in the background held the step 0.1 s "
-                                      "and slowed the steps beside its write by 0.1 s (within "
-                                      "the step: 0.5 s)")
+                                      "and its write took 0.3 s on the cores the step runs on "
+                                      "(the steps beside it slowed by 0.1 s; within the step a "
+                                      "save took 0.5 s)")
 
     def test_beside_an_accelerator_or_when_told_the_way_is_not_chosen(self):
         chooser = self.run_saves(slowed_step=1.5, writes_share_cores=False)

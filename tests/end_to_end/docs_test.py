@@ -396,8 +396,30 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
                                 cwd=ROOT)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         page = read(os.path.join(ROOT, "docs", "benchmarks.md"))
-        self.assertEqual(set(re.findall(r"<!-- results: (\w+) -->", page)),
-                         {"saving", "keras_distribution"})
+        kinds = set(re.findall(r"<!-- results: (\w+) -->", page))
+        self.assertEqual({kind for kind in kinds if not kind.startswith("history_")},
+                         {"saving", "keras_distribution", "world_size_invariance"})
+        # Every history file fills a block, and every block's file exists.
+        self.assertEqual({kind for kind in kinds if kind.startswith("history_")},
+                         {os.path.basename(path)[:-len(".json")] for path in glob.glob(
+                             os.path.join(ROOT, "benchmarks", "results", "history_*.json"))})
+
+    def test_no_figure_on_the_benchmarks_page_is_outside_a_results_block(self):
+        # --check above also fails on one; here what counts as a figure.
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+        try:
+            import page as results_page
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(results_page.figures_outside_results(
+            "## 2 vCPUs\n\nRuns `--steps=20` on 2 devices.\n<!-- results: saving -->\n1.5 ms\n"
+            "<!-- /results -->\n"), [])
+        self.assertEqual(results_page.figures_outside_results(
+            "It took 1.5 ms, 3x faster, 7% of a step; 0.91 of it.\n"),
+            ["'1.5 ms' in: It took 1.5 ms, 3x faster, 7% of a step; 0.91 of it.",
+             "'3x' in: It took 1.5 ms, 3x faster, 7% of a step; 0.91 of it.",
+             "'7%' in: It took 1.5 ms, 3x faster, 7% of a step; 0.91 of it.",
+             "'0.91' in: It took 1.5 ms, 3x faster, 7% of a step; 0.91 of it."])
 
     def test_the_flag_reference_is_what_the_programs_define(self):
         # Generated from the flags, which come from the config classes: a flag added, renamed

@@ -3,6 +3,7 @@
 import dataclasses
 import glob
 import io
+import json
 import math
 import os
 from unittest import mock
@@ -158,3 +159,29 @@ class ProgressVerbosityTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class VirtualReplicasThreadsTest(tf.test.TestCase):
+    """The threads world-size invariance trains with: one intra-op thread per CPU device, an
+    inter-op thread per core of the process's share of the host."""
+
+    def layout_for(self, choice, device_sets, environ):
+        with mock.patch.dict(os.environ, environ, clear=False), \
+                mock.patch("os.cpu_count", return_value=4), \
+                mock.patch.object(run.devices_lib, "gpu_count", return_value=0), \
+                mock.patch.object(run.devices_lib, "ensure_logical_cpus") as ensure:
+            run._pin_for_virtual_replicas(device_sets, choice)
+        (count,), kwargs = ensure.call_args
+        return count, kwargs["layout"]
+
+    def test_one_process_has_every_core_and_a_worker_its_share_of_the_host(self):
+        from tfpar.host import thread_layouts
+        alone = registry.choose("allreduce", virtual_replicas=4)
+        self.assertEqual(self.layout_for(alone, [1, 2], {}),
+                         (2, thread_layouts.ThreadLayout(1, inter_op_threads=4)))
+        # Two workers of a job on this host: 4 cores, 2 each.
+        cluster = {"cluster": {"worker": ["localhost:2222", "localhost:2223"]},
+                   "task": {"type": "worker", "index": 1}}
+        worker = registry.choose("multi_worker_allreduce", virtual_replicas=4)
+        self.assertEqual(self.layout_for(worker, [1], {"TF_CONFIG": json.dumps(cluster)}),
+                         (1, thread_layouts.ThreadLayout(1, inter_op_threads=2)))

@@ -6,10 +6,13 @@ run (CheckFreq's rule, FAST'21).
 A save every ``N`` steps costs ``save / (N * step)`` of the training time, so the interval is
 the smallest ``N`` for which that is at most the budget. :class:`IntervalChooser` times the
 steps of a run (not an epoch's first call, which follows its evaluation and save, nor the
-saves) and every save, and chooses from their medians. A save written in the background costs
-the time it holds the step, plus, where the write runs on the cores the step runs on (training
-on the CPU), what the steps beside it took longer: measured, as it depends on how fully the
-step uses the cores; beside an accelerator's step it costs nothing more. No TensorFlow.
+saves) and every save, and chooses from their medians. A save written within the step costs
+its time. One written in the background costs the time it holds the step, plus, where the
+write runs on the cores the step runs on (training on the CPU), what the steps beside it took
+longer (measured, as it depends on how fully the step uses the cores), which chooses the way;
+the interval's budget counts at least the write's whole time there (see
+:attr:`IntervalChooser.save_seconds`). Beside an accelerator's step a write costs nothing more.
+No TensorFlow.
 """
 
 from __future__ import annotations
@@ -273,10 +276,18 @@ class IntervalChooser:
 
     @property
     def save_seconds(self) -> float:
-        """The median cost of a save the way the next one is written (0 before any)."""
+        """What a save the way the next one is written costs the training time, for the
+        interval's budget (0 before any): within the step, its median time; in the background,
+        the time it held the step, plus, where the write shares the step's cores, the longer of
+        the write's time and what the steps beside it slowed. The write's whole time bounds
+        what it can take from the step: measured over whole epochs on the CPU (the saving
+        benchmark), a save written in the background cost more than the slowed steps beside
+        it alone, so the budget counts the bound."""
         background, within = self.background_seconds, self.within_seconds
         if self.next_in_background() and background is not None:
-            return background
+            if not self.writes_share_cores:
+                return background
+            return self.held_seconds + max(self.slowed_seconds or 0.0, self.write_seconds)
         return within if within is not None else (background or 0.0)
 
     @property
@@ -289,11 +300,14 @@ class IntervalChooser:
             other = ("" if background is None else
                      f" (in the background it cost {background:.3g} s)")
             return f"a save written within the step took {within:.3g} s{other}"
-        beside = (f" and slowed the steps beside its write by {self.slowed_seconds:.3g} s"
-                  if self.writes_share_cores else ", its write running beside the step")
-        other = "" if within is None else f" (within the step: {within:.3g} s)"
-        return (f"a save written in the background held the step {self.held_seconds:.3g} s"
-                f"{beside}{other}")
+        if not self.writes_share_cores:
+            other = "" if within is None else f" (within the step: {within:.3g} s)"
+            return (f"a save written in the background held the step {self.held_seconds:.3g} "
+                    f"s, its write running beside the step{other}")
+        other = "" if within is None else f"; within the step a save took {within:.3g} s"
+        return (f"a save written in the background held the step {self.held_seconds:.3g} s and "
+                f"its write took {self.write_seconds:.3g} s on the cores the step runs on (the "
+                f"steps beside it slowed by {self.slowed_seconds:.3g} s{other})")
 
     def changed(self) -> bool:
         """Whether the way of writing (chosen from both ways' costs) differs from when this was

@@ -45,6 +45,7 @@ from tfpar.errors import PeerLostError
 from tfpar.host import onednn
 from tfpar.host import thread_layouts
 from tfpar.host.machine import cpu_flags
+from tfpar.strategies.registry import StrategyChoice
 from tfpar.training import evaluation
 from tfpar.training import recommendations
 from tfpar.training import schedules
@@ -417,10 +418,13 @@ def _epoch_checkpoint(config: TrainConfig, model: keras.Model, strategy: tf.dist
     return checkpoint
 
 
-def _pin_for_virtual_replicas(device_sets: Sequence[devices_lib.DeviceSpec]) -> None:
+def _pin_for_virtual_replicas(device_sets: Sequence[devices_lib.DeviceSpec],
+                              strategy: StrategyChoice) -> None:
     """World-size invariance needs kernels that compute alike on every run: one intra-op
-    thread per CPU device (a kernel's sums can depend on its threads), TensorFlow's op
-    determinism on GPUs. Before TensorFlow starts."""
+    thread per CPU device (a kernel's sums can depend on its threads), with an inter-op
+    thread per core of this process's share of the host (a worker of a job shares it with the
+    job's other workers there), TensorFlow's op determinism on GPUs. Before TensorFlow
+    starts."""
     if devices_lib.gpu_count():
         tf.config.experimental.enable_op_determinism()
         return
@@ -432,8 +436,15 @@ def _pin_for_virtual_replicas(device_sets: Sequence[devices_lib.DeviceSpec]) -> 
         elif isinstance(parsed, Sequence):
             needed = max([needed, *(int(str(name).rsplit(":", 1)[-1]) + 1 for name in parsed
                                     if "CPU" in str(name).upper())])
+    tasks = 1
+    if strategy.multi_process:
+        options = strategy.options
+        tasks = cluster_spec.tasks_on_this_host(cluster_spec.resolver(
+            options.get("cluster", "auto"), options.get("worker_hosts"),
+            options.get("task_index")))
+    cores = max(1, (os.cpu_count() or 1) // tasks)
     devices_lib.ensure_logical_cpus(needed,
-                                    layout=thread_layouts.for_virtual_replicas(needed))
+                                    layout=thread_layouts.for_virtual_replicas(needed, cores))
 
 
 def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec],
@@ -461,7 +472,7 @@ def train_each(config: TrainConfig, device_sets: Sequence[devices_lib.DeviceSpec
         if folder:  # Checked before any work, not when the first epoch ends.
             atomic_io.check_writable_dir(folder, what)
     if config.strategy.virtual_replicas:
-        _pin_for_virtual_replicas(device_sets)
+        _pin_for_virtual_replicas(device_sets, config.strategy)
     resolved = [devices_lib.resolve(spec) for spec in device_sets]
     for root, what in ((config.model_dir, "model_dir"), (config.logdir, "logdir")):
         for device_set in resolved if root else ():
