@@ -158,6 +158,42 @@ class WriteModeTest(unittest.TestCase):
                                       "(the steps beside it slowed by 0.1 s; within the step a "
                                       "save took 0.5 s)")
 
+    def test_a_write_at_an_epochs_end_no_step_was_timed_beside_costs_its_whole_time(self):
+        # Saves at epochs' ends only: a write runs beside the evaluation and the next epoch's
+        # first call, never timed; its cost is not the copy's alone.
+        now = [0.0]
+        chooser = save_interval.IntervalChooser(0.02, clock=lambda: now[0],
+                                                writes_share_cores=True, in_background=None)
+        ways = []
+        for _ in range(5):  # Epochs of 4 steps of 0.1 s.
+            for steps in range(1, 5):
+                now[0] += 0.1
+                chooser.step_ended(steps, writing=False)
+            background = chooser.next_in_background()
+            ways.append(background)
+
+            def save(background=background) -> bool:
+                now[0] += 0.01 if background else 0.3
+                return background
+
+            chooser.timed_save(save)
+            if background:
+                chooser.timed_write(0.5)
+            chooser.epoch_ended()
+        self.assertIsNone(chooser.slowed_seconds)
+        self.assertAlmostEqual(chooser.background_seconds, 0.51)
+        self.assertEqual(ways, [False, True, False, False, False])
+        self.assertEqual(chooser.how, "a save written within the step took 0.3 s (in the "
+                                      "background it cost 0.51 s)")
+        chooser = save_interval.IntervalChooser(0.02, writes_share_cores=True,
+                                                in_background=True)
+        chooser.timed_save(lambda: False)
+        chooser.timed_save(lambda: True)
+        chooser.timed_write(0.5)
+        self.assertRegex(chooser.how, r"its write took 0\.5 s on the cores the step runs on "
+                                      r"\(no step was timed beside it; within the step a save "
+                                      r"took [0-9.e-]+ s\)$")
+
     def test_beside_an_accelerator_or_when_told_the_way_is_not_chosen(self):
         chooser = self.run_saves(slowed_step=1.5, writes_share_cores=False)
         self.assertEqual(chooser.slowed_seconds, 0.0)  # The steps are not the write's.

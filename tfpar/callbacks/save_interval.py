@@ -248,19 +248,24 @@ class IntervalChooser:
     @property
     def slowed_seconds(self) -> float | None:
         """The median of what the steps beside a write in the background took longer than
-        the steps beside none (``None`` before a write's steps are all timed; 0 where writes
-        do not share the step's cores)."""
+        the steps beside none, of the writes beside which steps were timed (``None`` before
+        one; 0 where writes do not share the step's cores). A write at an epoch's end runs
+        beside the evaluation and the next epoch's first call, which are not timed."""
         if not self.writes_share_cores:
             return 0.0 if self._held_seconds else None
         step = self.step_seconds
         slowed = [sum(seconds - count * step for seconds, count in each.calls)
-                  for each in self._slowed if each.closed]
+                  for each in self._slowed if each.closed and each.calls]
         return max(0.0, statistics.median(slowed)) if slowed and step > 0 else None
 
     @property
     def background_seconds(self) -> float | None:
-        """The median cost of a save written in the background (``None`` until known)."""
+        """The median cost of a save written in the background (``None`` until known): the
+        time it held the step plus the slowed steps beside its write, or, where none were
+        timed beside one (saves at epochs' ends only), its write's whole time."""
         slowed = self.slowed_seconds
+        if slowed is None and self.writes_share_cores and self._write_seconds:
+            slowed = self.write_seconds
         return None if slowed is None else self.held_seconds + slowed
 
     def next_in_background(self) -> bool:
@@ -279,10 +284,9 @@ class IntervalChooser:
         """What a save the way the next one is written costs the training time, for the
         interval's budget (0 before any): within the step, its median time; in the background,
         the time it held the step, plus, where the write shares the step's cores, the longer of
-        the write's time and what the steps beside it slowed. The write's whole time bounds
-        what it can take from the step: measured over whole epochs on the CPU (the saving
-        benchmark), a save written in the background cost more than the slowed steps beside
-        it alone, so the budget counts the bound."""
+        the write's time and what the steps beside it slowed: counting only the slowed steps,
+        the saving benchmark's automatic interval cost more than its budget over whole epochs
+        on the CPU."""
         background, within = self.background_seconds, self.within_seconds
         if self.next_in_background() and background is not None:
             if not self.writes_share_cores:
@@ -305,9 +309,12 @@ class IntervalChooser:
             return (f"a save written in the background held the step {self.held_seconds:.3g} "
                     f"s, its write running beside the step{other}")
         other = "" if within is None else f"; within the step a save took {within:.3g} s"
+        slowed = self.slowed_seconds
+        beside = ("no step was timed beside it" if slowed is None
+                  else f"the steps beside it slowed by {slowed:.3g} s")
         return (f"a save written in the background held the step {self.held_seconds:.3g} s and "
-                f"its write took {self.write_seconds:.3g} s on the cores the step runs on (the "
-                f"steps beside it slowed by {self.slowed_seconds:.3g} s{other})")
+                f"its write took {self.write_seconds:.3g} s on the cores the step runs on "
+                f"({beside}{other})")
 
     def changed(self) -> bool:
         """Whether the way of writing (chosen from both ways' costs) differs from when this was
