@@ -279,8 +279,34 @@ class RefusalsTest(testing.StrategyTestCase):
                                                  r"its own train_step \(OwnStepModel"):
             model.fit(dataset(), epochs=1, verbose=0)
 
-    def test_a_layer_that_assigns_a_variable_the_model_does_not_list(self):
+    def test_a_layer_that_assigns_a_trainable_variable_in_its_call(self):
         # A stateless pass would lose the assignment: refused in one line, not lost.
+        class AssignsTrainable(keras.layers.Layer):
+            def build(self, shape):
+                self.k = self.add_weight(shape=(shape[-1],), initializer="zeros")
+
+            def call(self, x):
+                self.k.assign(self.k + 1.0)
+                return x + 0.0 * self.k
+
+        strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input(IMAGE), keras.layers.Flatten(),
+                                      AssignsTrainable(), keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with self.assertRaisesRegex(ConfigError, r"^virtual_replicas runs a replica's shards "
+                                                 r"side by side, each from the step's start; "
+                                                 r"the model assigns [^,\n]*assigns_trainable"
+                                                 r"/variable in its call, which is neither a "
+                                                 r"non-trainable variable of the model nor a "
+                                                 r"metric's\. Assign only non-trainable "
+                                                 r"variables of the model \(or update metrics\) "
+                                                 r"in call\(\)\.$"):
+            model.fit(dataset(), epochs=1, verbose=0)
+
+    def test_several_losses_and_a_metric_inside_a_layer(self):
+        # Keras updates a model's per-output loss trackers inside compute_loss, and a layer
+        # may update a metric of its own in its call: recorded shard after shard.
         class CountsCalls(keras.layers.Layer):
             def __init__(self):
                 super().__init__()
@@ -290,17 +316,44 @@ class RefusalsTest(testing.StrategyTestCase):
                 self.calls.update_state(1.0)
                 return x
 
-        strategy = tfpar.strategies.get("allreduce", devices=2, virtual_replicas=2)
+        def model_fn():
+            inputs = keras.Input((8,))
+            hidden = CountsCalls()(keras.layers.Dense(6)(inputs))
+            model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(hidden),
+                                         "b": keras.layers.Dense(2, name="b")(hidden)})
+            model.compile(optimizer=keras.optimizers.SGD(0.05),
+                          loss={"a": "mse", "b": "mse"}, loss_weights={"a": 1.0, "b": 0.5},
+                          metrics={"a": ["mae"]})
+            return model
+
+        rng = np.random.default_rng(1)
+        data = tf.data.Dataset.from_tensor_slices(
+            (rng.random((40, 8), dtype=np.float32),
+             {"a": rng.random((40, 1), dtype=np.float32),
+              "b": rng.random((40, 2), dtype=np.float32)})).batch(8)
+        self.assertSameOnAnyWorldSize(model_fn, data)
+
+    def test_a_value_a_layer_assigns_then_reads_has_no_gradient(self):
+        # As a variable's read: the Dense before it gets no gradient through the value.
+        class AssignsThenReads(keras.layers.Layer):
+            def build(self, shape):
+                self.w = self.add_weight(shape=(shape[-1],), initializer="zeros",
+                                         trainable=False)
+
+            def call(self, x):
+                self.w.assign(keras.ops.mean(x, 0))
+                return 0.0 * x + self.w
+
+        strategy = tfpar.strategies.get("allreduce", devices=1, virtual_replicas=2)
         with strategy.scope():
-            model = keras.Sequential([keras.Input(IMAGE), keras.layers.Flatten(), CountsCalls(),
-                                      keras.layers.Dense(3)])
-            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-        with self.assertRaisesRegex(ConfigError, r"^virtual_replicas runs a replica's shards "
-                                                 r"side by side, .* the model assigns a "
-                                                 r"variable outside the model in its call, "
-                                                 r"which is neither\. Assign only non-trainable "
-                                                 r"variables of the model in call\(\)\.$"):
-            model.fit(dataset(), epochs=1, verbose=0)
+            first = keras.layers.Dense(4)
+            model = keras.Sequential([keras.Input((8,)), first, AssignsThenReads(),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        before = first.kernel.numpy()
+        model.fit(np.ones((8, 8), np.float32), np.ones((8, 1), np.float32), batch_size=8,
+                  verbose=0)
+        self.assertAllEqual(first.kernel.numpy(), before)
 
     def test_the_shards_of_a_device_run_side_by_side_on_the_layouts_threads(self):
         from tfpar.host import thread_layouts

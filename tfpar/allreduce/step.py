@@ -243,27 +243,45 @@ def _convolves(model: keras.Model) -> bool:
     return any(len(v.shape) >= 3 for v in model.trainable_variables)
 
 
-def _assigned_in(scope: keras.StatelessScope, model: keras.Model, stateless: list) -> list:
-    """The values ``stateless``'s variables end a stateless pass at (their given value where
-    the pass did not assign them).
+class _StatelessPass(keras.StatelessScope):
+    """A shard's stateless pass (``keras.StatelessScope``), in which a value a layer assigns
+    reads back as a variable's read does: without a gradient through what computed it."""
+
+    def add_update(self, update):
+        variable, value = update
+        super().add_update((variable, tf.stop_gradient(value)))
+
+
+def _assigned_in(scope: keras.StatelessScope, initial: dict[int, Any], model: keras.Model,
+                 stateless: list) -> tuple[list, list]:
+    """What a stateless pass assigned: the values ``stateless``'s variables end at (their
+    given value where it did not assign them), and the metrics' variables it updated (Keras's
+    per-output loss trackers update inside ``compute_loss``) with their values, in the order
+    assigned.
 
     Raises:
-        ConfigError: If the pass assigned any other variable: it would be lost.
+        ConfigError: If the pass assigned a trainable variable, or one that is not the model's
+            (it would be lost).
     """
-    known = {id(variable) for variable in model.trainable_variables}
-    known.update(id(variable) for variable, _ in stateless)
-    lost = [v.path for v in model.variables if id(v) in scope.state_mapping
-            and id(v) not in known]
-    if len(scope.state_mapping) > len(known) and not lost:
-        lost = ["a variable outside the model"]
+    given = {id(variable) for variable, _ in stateless}
+    metrics = {id(variable): variable for variable in model.metrics_variables}
+    trainable = {id(variable) for variable in model.trainable_variables}
+    lost = [variable.path for variable in model.trainable_variables
+            if scope.state_mapping[id(variable)] is not initial[id(variable)]]
+    others = [key for key in scope.state_mapping
+              if key not in given and key not in metrics and key not in trainable]
+    lost += [v.path for v in model.variables if id(v) in others] or (
+        ["a variable outside the model"] if others else [])
     if lost:
         raise ConfigError(
-            f"virtual_replicas runs a replica's shards side by side, each reading the model's "
-            f"non-trainable variables and random generators as the step starts; the model "
-            f"assigns {', '.join(lost)} in its call, which is neither. Assign only "
-            "non-trainable variables of the model in call().")
-    return [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
+            f"virtual_replicas runs a replica's shards side by side, each from the step's "
+            f"start; the model assigns {', '.join(lost)} in its call, which is neither a "
+            "non-trainable variable of the model nor a metric's. Assign only non-trainable "
+            "variables of the model (or update metrics) in call().")
+    ends = [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
             else value for variable, value in stateless]
+    return ends, [(metrics[key], value) for key, value in scope.state_mapping.items()
+                  if key in metrics]
 
 
 def empty_shard_fails(model: keras.Model) -> bool:
@@ -514,15 +532,17 @@ class _ReplicaStep:
     def forward_backward(self, x, y, sample_weight, count) -> list:
         """One shard's forward and backward pass: the gradient of its part of the global loss
         (of the variables that get one, as dense tensors), its loss and metrics recorded."""
-        grads, logged, y_pred, _ = self.gradients(x, y, sample_weight, count)
+        grads, logged, y_pred, _, _ = self.gradients(x, y, sample_weight, count)
         self.record(x, y, sample_weight, count, logged, y_pred)
         return grads
 
-    def gradients(self, x, y, sample_weight, count,
-                  stateless: list | None = None) -> tuple[list, tf.Tensor, Any, list]:
+    def gradients(self, x, y, sample_weight, count, stateless: list | None = None
+                  ) -> tuple[list, tf.Tensor, Any, list, list]:
         """One shard's forward and backward pass, recording nothing: the gradient of its part
         of the global loss (of the variables that get one, as dense tensors), the mean loss
-        to log, the predictions, and the values ``stateless``'s variables end at.
+        to log, the predictions, the values ``stateless``'s variables end at, and the
+        metrics' variables the pass updated with their values (``(variable, value)``: to
+        assign when the shard is recorded).
 
         Args:
             x, y, sample_weight: The shard's data.
@@ -532,8 +552,8 @@ class _ReplicaStep:
                 run side by side); ``None``: on the variables themselves.
 
         Raises:
-            ConfigError: If, in a stateless pass, the model assigns a variable not among
-                ``stateless``'s (it would be lost).
+            ConfigError: If, in a stateless pass, the model assigns a trainable variable or
+                one that is not the model's (it would be lost).
         """
         model, loss_scale = self.model, self.loss_scale
         with tf.GradientTape() as tape:
@@ -542,14 +562,16 @@ class _ReplicaStep:
                 if stateless is not None:
                     # The trainable variables read inside the tape (their gradient flows
                     # through the read), as a regularizer reads them in a stateless scope.
-                    scope = stack.enter_context(keras.StatelessScope(
+                    scope = stack.enter_context(_StatelessPass(
                         [(v, v.value) for v in model.trainable_variables] + stateless,
                         collect_losses=True))
+                    initial = dict(scope.state_mapping)
                 y_pred = model(x, training=True)
                 objective, logged = _local_objective(
                     model, x, y, y_pred, sample_weight, count,
                     self.total if self.weighs_in_loss else None)
-            ends = [] if scope is None else _assigned_in(scope, model, stateless or [])
+            ends, updates = ([], []) if scope is None else _assigned_in(
+                scope, initial, model, stateless or [])
             if self.loss_scale_factor and loss_scale is None:
                 objective = objective * self.loss_scale_factor
             if loss_scale is not None:
@@ -571,7 +593,7 @@ class _ReplicaStep:
             grads = [None if g is None else g / tf.cast(shrink, g.dtype) for g in grads]
         if not self.present:
             self.present.extend(i for i, g in enumerate(grads) if g is not None)
-        return [grads[i] for i in self.present], logged, y_pred, ends
+        return [grads[i] for i in self.present], logged, y_pred, ends, updates
 
     def record(self, x, y, sample_weight, count, logged, y_pred) -> None:
         """Records a shard's loss and metrics (see :meth:`gradients`)."""

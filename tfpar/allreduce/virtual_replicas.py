@@ -271,25 +271,33 @@ def _run_shard(step: Any, start: _StepStart, data: Any, shard: int, size: tf.Ten
     stateless = [*zip(start.assigned, start.at_start), *zip(start.seeds, shard_seeds)]
     part = tree.map_structure(lambda t: None if t is None else t[first:first + size], data)
     count = tf.cast(size, tf.float32)
-    traced: list = []  # The predictions' structure, from the pass (traced first).
+    # The pass's predictions (their structure) and the metrics' variables it updated, from
+    # the pass (traced first).
+    traced: list = []
 
     def run():
-        grads, logged, y_pred, ends = step.gradients(*part, count, stateless=stateless)
-        traced.append(y_pred)
-        return grads, logged, y_pred, ends
+        grads, logged, y_pred, ends, updates = step.gradients(*part, count,
+                                                               stateless=stateless)
+        traced.append((y_pred, [variable for variable, _ in updates]))
+        return grads, logged, y_pred, ends, [value for _, value in updates]
 
     def empty():
         # No examples: no pass, zero gradients, the state as it starts, and predictions
-        # of no examples (never recorded) in the pass's structure.
+        # of no examples and metrics as they are (never recorded) in the pass's structure.
         y_pred = tree.map_structure(
-            lambda t: tf.zeros([0, *[d or 0 for d in t.shape[1:]]], t.dtype), traced[0])
+            lambda t: tf.zeros([0, *[d or 0 for d in t.shape[1:]]], t.dtype), traced[0][0])
         return (step.empty_shard(), tf.constant(0.0), y_pred,
-                [value for _, value in stateless])
+                [value for _, value in stateless], [v.value for v in traced[0][1]])
 
     with tf.control_dependencies(after):
-        grads, logged, y_pred, ends = tf.cond(count > 0, run, empty)
+        grads, logged, y_pred, ends, updated = tf.cond(count > 0, run, empty)
 
     def record():
+        # The metrics the pass updated (Keras's per-output loss trackers), then its loss and
+        # metrics, as one shard after the other. The pass read those metrics, so it follows
+        # the record of the shard before.
+        for variable, value in zip(traced[0][1], updated):
+            variable.assign(value)
         step.record(*part, count, logged, y_pred)
         return tf.constant(0)
 
