@@ -146,7 +146,7 @@ def main() -> None:
               + (f", interval {entry['interval']}" if "interval" in entry else ""))
     if args.out:
         results_file.write(args.out, rounds, launcher=(
-                               f"tfpar-launch --num_workers={workers}" if workers > 1 else ""),
+                               f"tfpar-launch --num_workers={workers} --" if workers > 1 else ""),
                            model=args.model, devices=args.devices, workers=workers,
                            entry=args.entry, batch=args.batch, steps=args.steps,
                            default_write="auto", summary=summary)

@@ -398,7 +398,7 @@ class DocsTest(tf.test.TestCase, parameterized.TestCase):
         page = read(os.path.join(ROOT, "docs", "benchmarks.md"))
         kinds = set(re.findall(r"<!-- results: (\w+) -->", page))
         self.assertEqual({kind for kind in kinds if not kind.startswith("history_")},
-                         {"saving", "keras_distribution", "world_size_invariance"})
+                         {"saving", "keras_distribution", "world_size_invariance", "processes"})
         # Every history file fills a block, and every block's file exists.
         self.assertEqual({kind for kind in kinds if kind.startswith("history_")},
                          {os.path.basename(path)[:-len(".json")] for path in glob.glob(
