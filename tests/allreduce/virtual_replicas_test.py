@@ -296,15 +296,14 @@ class RefusalsTest(testing.StrategyTestCase):
             model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         with self.assertRaisesRegex(ConfigError, r"^virtual_replicas runs a replica's shards "
                                                  r"side by side, each from the step's start; "
-                                                 r"the model assigns [^,\n]*assigns_trainable"
-                                                 r"/variable in its call, which is neither a "
-                                                 r"non-trainable variable of the model nor a "
-                                                 r"metric's\. Assign only non-trainable "
-                                                 r"variables of the model \(or update metrics\) "
-                                                 r"in call\(\)\.$"):
+                                                 r"the model assigns the trainable variable\(s\) "
+                                                 r"[^,\n]*assigns_trainable/variable in its "
+                                                 r"call, which would be lost\. Assign only "
+                                                 r"non-trainable variables \(or update "
+                                                 r"metrics\) in call\(\)\.$"):
             model.fit(dataset(), epochs=1, verbose=0)
 
-    def test_several_losses_and_a_metric_inside_a_layer(self):
+    def test_several_losses_and_metrics_inside_a_layer_and_a_nested_model(self):
         # Keras updates a model's per-output loss trackers inside compute_loss, and a layer
         # may update a metric of its own in its call: recorded shard after shard.
         class CountsCalls(keras.layers.Layer):
@@ -316,9 +315,20 @@ class RefusalsTest(testing.StrategyTestCase):
                 self.calls.update_state(1.0)
                 return x
 
+        class Nested(keras.Model):  # Keras lists no nested model's metrics of its own.
+            def __init__(self):
+                super().__init__()
+                self.dense = keras.layers.Dense(6)
+                self.tracker = keras.metrics.Mean()
+
+            def call(self, x):
+                hidden = self.dense(x)
+                self.tracker.update_state(keras.ops.mean(hidden))
+                return hidden
+
         def model_fn():
             inputs = keras.Input((8,))
-            hidden = CountsCalls()(keras.layers.Dense(6)(inputs))
+            hidden = CountsCalls()(Nested()(inputs))
             model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(hidden),
                                          "b": keras.layers.Dense(2, name="b")(hidden)})
             model.compile(optimizer=keras.optimizers.SGD(0.05),

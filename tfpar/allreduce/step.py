@@ -244,44 +244,43 @@ def _convolves(model: keras.Model) -> bool:
 
 
 class _StatelessPass(keras.StatelessScope):
-    """A shard's stateless pass (``keras.StatelessScope``), in which a value a layer assigns
+    """A shard's stateless pass (``keras.StatelessScope``), which also keeps the variables
+    assigned in it (the scope keeps their values only), and in which a value a layer assigns
     reads back as a variable's read does: without a gradient through what computed it."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.assigned: dict[int, Any] = {}
 
     def add_update(self, update):
         variable, value = update
+        self.assigned[id(variable)] = variable
         super().add_update((variable, tf.stop_gradient(value)))
 
 
-def _assigned_in(scope: keras.StatelessScope, initial: dict[int, Any], model: keras.Model,
-                 stateless: list) -> tuple[list, list]:
+def _assigned_in(scope: _StatelessPass, model: keras.Model, stateless: list) -> tuple[list, list]:
     """What a stateless pass assigned: the values ``stateless``'s variables end at (their
-    given value where it did not assign them), and the metrics' variables it updated (Keras's
-    per-output loss trackers update inside ``compute_loss``) with their values, in the order
-    assigned.
+    given value where it did not assign them), and every other variable it assigned (metrics:
+    Keras's per-output loss trackers update inside ``compute_loss``, a layer or a nested model
+    may update its own) with its value, in the order assigned.
 
     Raises:
-        ConfigError: If the pass assigned a trainable variable, or one that is not the model's
-            (it would be lost).
+        ConfigError: If the pass assigned a trainable variable: the step's gradient is of the
+            value the step started with, and an assignment in one shard's pass would be lost.
     """
     given = {id(variable) for variable, _ in stateless}
-    metrics = {id(variable): variable for variable in model.metrics_variables}
-    trainable = {id(variable) for variable in model.trainable_variables}
-    lost = [variable.path for variable in model.trainable_variables
-            if scope.state_mapping[id(variable)] is not initial[id(variable)]]
-    others = [key for key in scope.state_mapping
-              if key not in given and key not in metrics and key not in trainable]
-    lost += [v.path for v in model.variables if id(v) in others] or (
-        ["a variable outside the model"] if others else [])
-    if lost:
+    trainable = [variable.path for variable in model.trainable_variables
+                 if id(variable) in scope.assigned]
+    if trainable:
         raise ConfigError(
             f"virtual_replicas runs a replica's shards side by side, each from the step's "
-            f"start; the model assigns {', '.join(lost)} in its call, which is neither a "
-            "non-trainable variable of the model nor a metric's. Assign only non-trainable "
-            "variables of the model (or update metrics) in call().")
+            f"start; the model assigns the trainable variable(s) {', '.join(trainable)} in its "
+            "call, which would be lost. Assign only non-trainable variables (or update "
+            "metrics) in call().")
     ends = [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
             else value for variable, value in stateless]
-    return ends, [(metrics[key], value) for key, value in scope.state_mapping.items()
-                  if key in metrics]
+    return ends, [(variable, scope.get_current_value(variable))
+                  for key, variable in scope.assigned.items() if key not in given]
 
 
 def empty_shard_fails(model: keras.Model) -> bool:
@@ -540,8 +539,8 @@ class _ReplicaStep:
                   ) -> tuple[list, tf.Tensor, Any, list, list]:
         """One shard's forward and backward pass, recording nothing: the gradient of its part
         of the global loss (of the variables that get one, as dense tensors), the mean loss
-        to log, the predictions, the values ``stateless``'s variables end at, and the
-        metrics' variables the pass updated with their values (``(variable, value)``: to
+        to log, the predictions, the values ``stateless``'s variables end at, and the other
+        variables the pass updated (metrics'), with their values (``(variable, value)``: to
         assign when the shard is recorded).
 
         Args:
@@ -552,8 +551,8 @@ class _ReplicaStep:
                 run side by side); ``None``: on the variables themselves.
 
         Raises:
-            ConfigError: If, in a stateless pass, the model assigns a trainable variable or
-                one that is not the model's (it would be lost).
+            ConfigError: If, in a stateless pass, the model assigns a trainable variable (it
+                would be lost).
         """
         model, loss_scale = self.model, self.loss_scale
         with tf.GradientTape() as tape:
@@ -565,13 +564,12 @@ class _ReplicaStep:
                     scope = stack.enter_context(_StatelessPass(
                         [(v, v.value) for v in model.trainable_variables] + stateless,
                         collect_losses=True))
-                    initial = dict(scope.state_mapping)
                 y_pred = model(x, training=True)
                 objective, logged = _local_objective(
                     model, x, y, y_pred, sample_weight, count,
                     self.total if self.weighs_in_loss else None)
             ends, updates = ([], []) if scope is None else _assigned_in(
-                scope, initial, model, stateless or [])
+                scope, model, stateless or [])
             if self.loss_scale_factor and loss_scale is None:
                 objective = objective * self.loss_scale_factor
             if loss_scale is not None:

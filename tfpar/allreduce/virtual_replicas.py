@@ -271,8 +271,8 @@ def _run_shard(step: Any, start: _StepStart, data: Any, shard: int, size: tf.Ten
     stateless = [*zip(start.assigned, start.at_start), *zip(start.seeds, shard_seeds)]
     part = tree.map_structure(lambda t: None if t is None else t[first:first + size], data)
     count = tf.cast(size, tf.float32)
-    # The pass's predictions (their structure) and the metrics' variables it updated, from
-    # the pass (traced first).
+    # The pass's predictions (their structure) and the other variables it updated (metrics'),
+    # from the pass (traced first).
     traced: list = []
 
     def run():
@@ -293,9 +293,9 @@ def _run_shard(step: Any, start: _StepStart, data: Any, shard: int, size: tf.Ten
         grads, logged, y_pred, ends, updated = tf.cond(count > 0, run, empty)
 
     def record():
-        # The metrics the pass updated (Keras's per-output loss trackers), then its loss and
-        # metrics, as one shard after the other. The pass read those metrics, so it follows
-        # the record of the shard before.
+        # What else the pass updated (metrics: Keras's per-output loss trackers, a layer's
+        # own), then its loss and metrics, one shard after the other. A pass that read those
+        # variables follows the record of the shard before, as without the mode.
         for variable, value in zip(traced[0][1], updated):
             variable.assign(value)
         step.record(*part, count, logged, y_pred)
