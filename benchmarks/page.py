@@ -74,6 +74,27 @@ def _mode(mode: str, entry: dict[str, Any], chosen: bool) -> str:
             "the background)")
 
 
+def _table(title: str, header: list[str], rows: list[list[str]], path: str,
+           run: dict[str, Any]) -> list[str]:
+    """A results table's lines: its title, header and rows, then the caption of its file."""
+    return [title, "", "| " + " | ".join(header) + " |",
+            "| " + " | ".join(["---"] * len(header)) + " |",
+            *("| " + " | ".join(row) + " |" for row in rows), "", _caption(path, run), ""]
+
+
+def _paired(median: float, low: float, high: float, digits: int = 2, bold: bool = False) -> str:
+    """A paired ratio: the median of the per-round ratios, the rounds' range in brackets."""
+    figure = f"{median:.{digits}f}"
+    return f"{f'**{figure}**' if bold else figure} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _per_round(measurement: dict[str, Any], reference: dict[str, Any]) -> str:
+    """``measurement``'s images/s over ``reference``'s, paired by round (see :func:`_paired`)."""
+    ratios = [m / r for m, r in zip(measurement["images_per_second"],
+                                    reference["images_per_second"])]
+    return _paired(statistics.median(ratios), min(ratios), max(ratios), bold=True)
+
+
 def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
     """What saving inside an epoch costs (``benchmarks/saving.py``)."""
     lines = []
@@ -82,11 +103,7 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
         if run.get("workers", 1) > 1:
             devices = f"{run['workers']} worker processes of {devices} each"
         chosen = run.get("default_write") == "auto"
-        lines += [f"{run['model']}, global batch {run['batch']}, {run['steps']} steps an epoch "
-                  f"on {devices} ({run['entry']}), {len(run['rounds'])} "
-                  "rounds:", "",
-                  "| saving | throughput of no saving (median, rounds) | step held per save | "
-                  "a write | a kill loses at most |", "| --- | --- | --- | --- | --- |"]
+        rows = []
         for mode, entry in run["summary"].items():
             if mode == "none":
                 continue
@@ -105,13 +122,16 @@ def render_saving(files: list[tuple[str, dict[str, Any]]]) -> str:
             else:
                 steps = int(every) + (0 if within else entry["write_seconds"] / step)
                 loses = f"{steps:.1f} steps, {steps * step:.1f} s"
-            low, high = entry["ratio_range"]
-            lines.append(f"| {_mode(mode, entry, chosen)} | {entry['throughput_ratio']:.3f} "
-                         f"({low:.3f}-{high:.3f}) | "
-                         f"{entry['held_seconds_per_save'] * 1000:.1f} ms | "
+            rows.append([_mode(mode, entry, chosen),
+                         _paired(entry["throughput_ratio"], *entry["ratio_range"], digits=3),
+                         f"{entry['held_seconds_per_save'] * 1000:.1f} ms",
                          f"{entry['write_seconds'] * 1000:.0f} ms"
-                         f"{' (within the step)' if within else ''} | {loses} |")
-        lines += ["", _caption(path, run), ""]
+                         + (" (within the step)" if within else ""), loses])
+        lines += _table(f"{run['model']}, global batch {run['batch']}, {run['steps']} steps an "
+                        f"epoch on {devices} ({run['entry']}), {len(run['rounds'])} rounds:",
+                        ["saving", "throughput of no saving (median, rounds)",
+                         "step held per save", "a write", "a kill loses at most"],
+                        rows, path, run)
     return "\n".join(lines)
 
 
@@ -148,24 +168,17 @@ def render_world_size_invariance(files: list[tuple[str, dict[str, Any]]]) -> str
                     configuration["entry_options"]["virtual_replicas"])] = measurement
         first = run["measurements"][0]["configuration"]
         rounds = len(run["measurements"][0]["images_per_second"])
-        lines += [f"{first['model']}, global batch {first['batch_size']}, "
-                  f"`{first['strategy']}`, {rounds} rounds:", "",
-                  "| devices | default: threads | images/s | `virtual_replicas`: threads | "
-                  "images/s | vs default (median, rounds) |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for (devices, virtual), measurement in sorted(by_key.items()):
-            default = by_key.get((devices, 0))
-            if not virtual or default is None:
-                continue
-            ratios = [v / d for v, d in zip(measurement["images_per_second"],
-                                            default["images_per_second"])]
-            median = statistics.median(ratios)
-            lines.append(f"| {devices} | {_threads(default['configuration'])} | "
-                         f"{default['median']:.0f} | "
-                         f"{_threads(measurement['configuration'])} (V={virtual}) | "
-                         f"{measurement['median']:.0f} | **{median:.2f}** "
-                         f"({min(ratios):.2f}-{max(ratios):.2f}) |")
-        lines += ["", _caption(path, run), ""]
+        rows = [[str(devices), _threads(by_key[(devices, 0)]["configuration"]),
+                 f"{by_key[(devices, 0)]['median']:.0f}",
+                 f"{_threads(measurement['configuration'])} (V={virtual})",
+                 f"{measurement['median']:.0f}", _per_round(measurement, by_key[(devices, 0)])]
+                for (devices, virtual), measurement in sorted(by_key.items())
+                if virtual and (devices, 0) in by_key]
+        lines += _table(f"{first['model']}, global batch {first['batch_size']}, "
+                        f"`{first['strategy']}`, {rounds} rounds:",
+                        ["devices", "default: threads", "images/s",
+                         "`virtual_replicas`: threads", "images/s",
+                         "vs default (median, rounds)"], rows, path, run)
     return "\n".join(lines)
 
 
@@ -190,24 +203,21 @@ def render_processes(files: list[tuple[str, dict[str, Any]]]) -> str:
         ceiling = next(m for m in measurements
                        if m["configuration"]["strategy"] == "independent")
         first = measurements[0]["configuration"]
-        lines += [f"{first['model']}, global batch {first['batch_size']}, "
-                  f"{len(ceiling['images_per_second'])} rounds, "
-                  f"{first['steps_per_execution']} step(s) per call:", "",
-                  "| configuration | images/s (median, worst-best) | vs the ceiling (median, "
-                  "rounds) | all-reduce timed alone, share of a step |",
-                  "| --- | --- | --- | --- |"]
+        rows = []
         for measurement in measurements:
-            ratios = [m / c for m, c in zip(measurement["images_per_second"],
-                                            ceiling["images_per_second"])]
             configuration = measurement["configuration"]
             step = configuration["batch_size"] / measurement["median"]
             share = (f"{statistics.median(measurement['all_reduce_seconds']) / step:.0%}"
                      if configuration["communication"] else "none run")
-            lines.append(f"| {_label(measurement['configuration'])} | "
+            rows.append([_label(configuration),
                          f"{measurement['median']:.0f} ({measurement['worst']:.0f}-"
-                         f"{measurement['best']:.0f}) | **{statistics.median(ratios):.2f}** "
-                         f"({min(ratios):.2f}-{max(ratios):.2f}) | {share} |")
-        lines += ["", _caption(path, run), ""]
+                         f"{measurement['best']:.0f})", _per_round(measurement, ceiling), share])
+        lines += _table(f"{first['model']}, global batch {first['batch_size']}, "
+                        f"{len(ceiling['images_per_second'])} rounds, "
+                        f"{first['steps_per_execution']} step(s) per call:",
+                        ["configuration", "images/s (median, worst-best)",
+                         "vs the ceiling (median, rounds)",
+                         "all-reduce timed alone, share of a step"], rows, path, run)
     return "\n".join(lines)
 
 
