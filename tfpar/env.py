@@ -115,7 +115,7 @@ def _saving(gpus: int) -> dict[str, str]:
     return {"write": ("in the background: the step waits only for a copy of the state in "
                       "host memory" if gpus else
                       "the cheaper of in the background and within the step, timed on each "
-                      "run (a write in the background takes the CPU cores the step runs on)")
+                      "run, as a write in the background takes the CPU cores the step runs on")
             + " (write_in_background: True, False or 'auto')",
             "automatic_interval": (
                 f"the most frequent whose saves cost at most {budget} of the training time "
