@@ -118,9 +118,10 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             for batch in range(20):  # A step takes 1 s.
                 now[0] += 1.0
                 checkpoint.on_train_batch_end(batch, {"loss": 1.0})
-        # Steps 2 to 4 timed, a save at 4 timed: 0.1 s / (2% of 1 s) is every 5 steps, from
-        # the save (not the next multiple of 5, one step later).
-        self.assertEqual(saved, [(0, 4), (0, 9), (0, 14), (0, 19)])
+        # Steps 2 to 4 timed, then a save every 3 steps until 3 are timed (the first builds
+        # what later saves reuse): 0.1 s / (2% of 1 s) is every 5 steps, from the last save
+        # (not the next multiple of 5).
+        self.assertEqual(saved, [(0, 4), (0, 7), (0, 10), (0, 15)])
         self.assertEqual(checkpoint.interval, 5)
         self.assertEqual(out.getvalue(), checkpoint.interval_chosen + "\n")
         self.assertEqual(checkpoint.interval_chosen,
@@ -128,7 +129,7 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                          "step took 0.1 s and a step 1 s, so these saves cost 2% of the "
                          "training time (budget 2%).")
 
-    def test_auto_on_epochs_too_short_to_save_inside_chooses_at_the_first_epoch_end(self):
+    def test_auto_on_epochs_too_short_to_save_inside_chooses_from_epochs_end_saves(self):
         strategy = self.strategy("mirrored", 2)
         with strategy.scope():
             model = testing.tiny_model()
@@ -155,7 +156,8 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                     now[0] += 1.0
                     checkpoint.on_train_batch_end(batch, {"loss": 1.0})
                 end_epoch(checkpoint, epoch, {"loss": 1.0})
-        self.assertEqual(inside, [])  # Never one step after an epoch's end save.
+        # Never one step after an epoch's end save; chosen at the third epoch's end.
+        self.assertEqual(inside, [])
         self.assertEqual(checkpoint.interval, 25)  # 0.5 / (2% of 1 s).
         # On a line of its own after Keras's progress bar (verbose=1).
         self.assertEqual(out.getvalue(),

@@ -70,10 +70,17 @@ class IntervalChooserTest(unittest.TestCase):
             self.assertFalse(chooser.ready)
             chooser.step_ended(steps)
         chooser.step_ended(save_interval.CALLS_TIMED + 1)
-        self.assertTrue(chooser.ready)
-        self.assertFalse(chooser.timed)
-        chooser.timed_save(lambda: None)  # 0.5 s.
-        self.assertTrue(chooser.timed)
+        # The saves before the interval is chosen come CALLS_TIMED calls apart: the first
+        # builds what later saves reuse, so a choice from it alone would save too seldom.
+        for save in range(save_interval.SAVES_TIMED):
+            self.assertTrue(chooser.ready)
+            self.assertFalse(chooser.timed)
+            chooser.timed_save(lambda: None)  # 0.5 s.
+            self.assertFalse(chooser.ready)
+            for steps in range(save_interval.CALLS_TIMED):
+                self.assertFalse(chooser.ready)
+                chooser.step_ended(save_interval.CALLS_TIMED + 2 + 3 * save + steps)
+        self.assertTrue(chooser.timed)  # Counted: every worker of a job at the same save.
         self.assertEqual(chooser.choose(), 50)  # 0.5 / (0.02 * 0.5).
         self.assertEqual((chooser.step_seconds, chooser.save_seconds), (0.5, 0.5))
 

@@ -39,6 +39,8 @@ def signal_worker_after(launch: subprocess.Popen, saved_line: str, signum: int,
         seen.append(line)
         if saved_line in line:
             break
+    else:
+        raise AssertionError(f"The job ended before {saved_line!r}:\n" + "".join(seen)[-3000:])
     workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(launch.pid)],
                                               capture_output=True, text=True).stdout.split()]
     assert len(workers) == num_workers, workers

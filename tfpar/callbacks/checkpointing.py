@@ -502,7 +502,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 # steps per call move on by several).
         elif not self.interval:
             if chooser is None or not chooser.ready:
-                return  # The first save inside an epoch, once enough calls are timed.
+                return  # The saves timed before the interval is chosen, once enough calls
+                # are timed since the run's start or the save before.
         elif steps - self._saved_step < self.interval:
             return
         self._saved_step = steps

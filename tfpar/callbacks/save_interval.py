@@ -6,7 +6,8 @@ run (CheckFreq's rule, FAST'21).
 A save every ``N`` steps costs ``save / (N * step)`` of the training time, so the interval is
 the smallest ``N`` for which that is at most the budget. :class:`IntervalChooser` times the
 steps of a run (not an epoch's first call, which follows its evaluation and save, nor the
-saves) and every save, and chooses from their medians. A save written within the step costs
+saves) and every save, and chooses from their medians, first after :data:`SAVES_TIMED` saves
+(the first is the slowest: it builds what later saves reuse). A save written within the step costs
 its time. One written in the background costs the time it holds the step, plus, where the
 write runs on the cores the step runs on (training on the CPU), what the steps beside it took
 longer (measured, as it depends on how fully the step uses the cores), which chooses the way;
@@ -35,8 +36,13 @@ BUDGET = 0.02
 LEAST_BUDGET = 0.0001
 """The smallest budget (0.01%): below it an interval would be longer than any run."""
 CALLS_TIMED = 3
-"""Calls of the training step timed before the first save inside an epoch (one step each,
-or ``steps_per_execution``)."""
+"""Calls of the training step timed before the first save inside an epoch, and between the
+saves timed before the interval is chosen (one step each, or ``steps_per_execution``)."""
+SAVES_TIMED = 3
+"""Saves timed before the interval is chosen: the first, written within the step (the
+slowest: it builds what later saves reuse, so a choice from it alone would save far less often
+than the budget allows), and two more, so that each way a later save may be written is timed
+after it."""
 
 
 def checked_interval(value: Any, argument: str = "save_every_steps") -> int | str:
@@ -190,6 +196,8 @@ class IntervalChooser:
         # (time, steps) at the last call's end, and whether a write was in flight then.
         self._last: tuple[float, int, bool] | None = None
         self._calls = 0
+        self._calls_at_save = 0  # The calls timed when the last save was.
+        self._saves = 0
         self._said: bool | None = None  # The way of writing last said (see :meth:`changed`).
 
     def step_ended(self, steps: int, writing: bool = False) -> None:
@@ -220,8 +228,9 @@ class IntervalChooser:
 
     @property
     def ready(self) -> bool:
-        """Whether enough calls were timed to save and choose inside an epoch."""
-        return self._calls >= CALLS_TIMED
+        """Whether enough calls were timed since the run's start, or the last save, for a save
+        timed before the interval is chosen."""
+        return self._calls - self._calls_at_save >= CALLS_TIMED
 
     @property
     def step_seconds(self) -> float:
@@ -332,8 +341,10 @@ class IntervalChooser:
 
     @property
     def timed(self) -> bool:
-        """Whether a step and a save were timed."""
-        return bool(self._step_seconds and (self._within_seconds or self._held_seconds))
+        """Whether the saves to choose from were timed (:data:`SAVES_TIMED`): counted, not
+        timed, so that every worker of a job, each with its own clock, chooses at the same
+        save."""
+        return self._saves >= SAVES_TIMED
 
     def timed_save(self, save: Callable[[], bool]) -> None:
         """Runs ``save``, timing it; the next step's time starts after it.
@@ -346,6 +357,8 @@ class IntervalChooser:
         start = self._clock()
         background = save()
         end = self._clock()
+        self._saves += 1
+        self._calls_at_save = self._calls
         if background:
             self._held_seconds.append(end - start)
             self._slowed.append(_Slowed())
