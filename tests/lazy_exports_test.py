@@ -88,27 +88,6 @@ class LazyExportsTest(tf.test.TestCase):
 class DeprecatedAliasesTest(tf.test.TestCase):
     """Moved modules still import, for one minor version, with a warning naming the new place."""
 
-    def test_each_alias_warns_and_gives_the_moved_objects(self):
-        # One fresh process: each alias is imported there for the first time.
-        code = ("import warnings\n"
-                "warnings.simplefilter('always', DeprecationWarning)\n"
-                "with warnings.catch_warnings(record=True) as caught:\n"
-                "    warnings.simplefilter('always', DeprecationWarning)\n"
-                "    from tfpar.multiworker import cluster, launcher\n"
-                "from tfpar.cluster import launcher as new_launcher, peers, spec\n"
-                "for w in caught:\n"
-                "    print(w.message)\n"
-                "print(cluster.resolver is spec.resolver, cluster.connect is peers.connect,\n"
-                "      launcher.launch is new_launcher.launch)\n")
-        self.assertEqual(run_lines(code), [
-            "tfpar.multiworker is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.cluster.",
-            "tfpar.multiworker.cluster is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.cluster.spec and tfpar.cluster.peers.",
-            "tfpar.multiworker.launcher is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.cluster.launcher.",
-            "True True True"])
-
     def test_the_callback_module_that_shared_preemptions_name_moved_with_a_warning(self):
         code = ("import warnings\n"
                 "with warnings.catch_warnings(record=True) as caught:\n"
@@ -124,70 +103,43 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.callbacks.save_on_preemption (or tfpar.callbacks.SaveOnPreemption).",
             "True"])
 
-    def test_the_training_and_benchmark_modules_moved_with_a_warning(self):
-        code = ("import warnings\n"
-                "with warnings.catch_warnings(record=True) as caught:\n"
-                "    warnings.simplefilter('always', DeprecationWarning)\n"
-                "    import tfpar.evaluation, tfpar.schedules, tfpar.benchmark.configuration\n"
-                "    from tfpar.multiworker import mirrored, strategy\n"
-                "from tfpar.training import evaluation, schedules\n"
-                "from tfpar.benchmark import measurements\n"
-                "from tfpar.strategies import multi_worker, multi_worker_options\n"
-                "for w in caught:\n"
-                "    print(w.message)\n"
-                "print(tfpar.evaluation.accuracy is evaluation.accuracy,\n"
-                "      tfpar.schedules.LinearWarmup is schedules.LinearWarmup,\n"
-                "      tfpar.benchmark.configuration.paired_ratio is measurements.paired_ratio,\n"
-                "      mirrored.MultiWorkerStrategy is multi_worker.MultiWorkerStrategy,\n"
-                "      strategy.IMPLEMENTATIONS is multi_worker_options.IMPLEMENTATIONS)\n")
-        self.assertEqual(run_lines(code), [
-            "tfpar.evaluation is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.training.evaluation.",
-            "tfpar.schedules is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.training.schedules.",
-            "tfpar.benchmark.configuration is deprecated and will be removed in tfpar 0.4.0: "
-            "use tfpar.benchmark.measurements.",
-            "tfpar.multiworker is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.cluster.",
-            "tfpar.multiworker.mirrored is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.strategies.multi_worker (MultiWorkerStrategy).",
-            "tfpar.multiworker.strategy is deprecated and will be removed in tfpar 0.4.0: use "
-            "tfpar.strategies.multi_worker_options (IMPLEMENTATIONS) and "
-            "tfpar.strategies.get('multi_worker', ...).",
-            "True True True True True"])
-
-    def test_only_names_a_release_shipped_have_aliases(self):
+    def test_the_aliases_due_in_0_4_0_are_gone_and_moved_modules_have_none(self):
         # 0.2.0 shipped tfpar.multiworker, tfpar.evaluation, tfpar.schedules and
-        # tfpar.benchmark.configuration; the modules added and moved within 0.3.0's development
-        # (tfpar.machine, tfpar.thread_layouts, tfpar.multiworker.kubernetes and .slurm) have
-        # none.
-        code = ("import importlib, warnings\n"
-                "warnings.simplefilter('ignore', DeprecationWarning)\n"
-                "for name in ('tfpar.machine', 'tfpar.thread_layouts',\n"
-                "             'tfpar.multiworker.kubernetes', 'tfpar.multiworker.slurm'):\n"
+        # tfpar.benchmark.configuration, aliased through 0.3.0 and removed in 0.4.0; the
+        # modules added and moved within 0.3.0's development (tfpar.machine,
+        # tfpar.thread_layouts, tfpar.multiworker.kubernetes and .slurm) never had aliases.
+        code = ("import importlib\n"
+                "for name in ('tfpar.multiworker', 'tfpar.multiworker.launcher',\n"
+                "             'tfpar.evaluation', 'tfpar.schedules',\n"
+                "             'tfpar.benchmark.configuration', 'tfpar.machine',\n"
+                "             'tfpar.thread_layouts', 'tfpar.multiworker.slurm'):\n"
                 "    try:\n"
                 "        importlib.import_module(name)\n"
                 "        print(name, 'imports')\n"
                 "    except ImportError:\n"
                 "        print(name, 'does not import')\n"
-                "import tfpar\n"
+                "import tfpar, tfpar.benchmark\n"
                 "print(sorted(set(dir(tfpar)) & {'machine', 'thread_layouts', 'evaluation',\n"
-                "                                'schedules', 'multiworker'}))\n")
+                "                                'schedules', 'multiworker', 'training'}))\n"
+                "print(sorted(set(dir(tfpar.benchmark)) & {'configuration', 'measurements'}))\n")
         self.assertEqual(run_lines(code), [
-            "tfpar.machine does not import", "tfpar.thread_layouts does not import",
-            "tfpar.multiworker.kubernetes does not import",
-            "tfpar.multiworker.slurm does not import", "[]"])
+            "tfpar.multiworker does not import", "tfpar.multiworker.launcher does not import",
+            "tfpar.evaluation does not import", "tfpar.schedules does not import",
+            "tfpar.benchmark.configuration does not import", "tfpar.machine does not import",
+            "tfpar.thread_layouts does not import", "tfpar.multiworker.slurm does not import",
+            "['training']", "['measurements']"])
 
     def test_aliases_are_left_out_of_dir_even_once_imported(self):
         code = ("import warnings\n"
                 "warnings.simplefilter('ignore', DeprecationWarning)\n"
-                "import tfpar, tfpar.benchmark, tfpar.evaluation, tfpar.multiworker.launcher\n"
-                "import tfpar.benchmark.configuration\n"
-                "print(*sorted(set(dir(tfpar)) & {'evaluation', 'schedules', 'multiworker',\n"
-                "      'host', 'training', 'cluster'}))\n"
-                "print(*sorted(set(dir(tfpar.benchmark)) & {'configuration', 'measurements'}))\n"
-                "print(tfpar.evaluation.accuracy is tfpar.training.evaluation.accuracy)\n")
-        self.assertEqual(run_lines(code), ["cluster host training", "measurements", "True"])
+                "import tfpar.callbacks, tfpar.cluster\n"
+                "import tfpar.callbacks.preemption, tfpar.cluster.protocol\n"
+                "print(*sorted(set(dir(tfpar.callbacks)) & {'preemption',\n"
+                "                                           'save_on_preemption'}))\n"
+                "print(*sorted(set(dir(tfpar.cluster)) & {'protocol', 'launcher'}))\n"
+                "print(tfpar.callbacks.preemption.SaveOnPreemption\n"
+                "      is tfpar.callbacks.SaveOnPreemption)\n")
+        self.assertEqual(run_lines(code), ["save_on_preemption", "launcher", "True"])
 
 
 if __name__ == "__main__":

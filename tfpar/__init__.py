@@ -12,7 +12,7 @@ Modules import TensorFlow lazily where they can, so that :mod:`tfpar.devices` ca
 CPU into logical devices before TensorFlow initialises.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # First, in tfpar's programs only: a scheduler's notice from here on is recorded, before their
 # heavy imports, and becomes the program's notice once it watches for it.

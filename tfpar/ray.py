@@ -26,7 +26,7 @@ a state is also reported every N steps inside an epoch, and a restart resumes at
 after it, with each replica's own BatchNorm statistics and the partial epoch's metrics, as a
 resume from a notice does (:class:`tfpar.callbacks.EpochCheckpoint`).
 
-Install tfpar with its ``ray`` extra: ``pip install "tfpar-0.3.0-py3-none-any.whl[ray]"``.
+Install tfpar with its ``ray`` extra: ``pip install "tfpar-0.4.0-py3-none-any.whl[ray]"``.
 """
 
 from __future__ import annotations

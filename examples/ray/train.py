@@ -1,6 +1,6 @@
 """LeNet on the digits under Ray Train with a tfpar multi-worker entry.
 
-    pip install "tfpar-0.3.0-py3-none-any.whl[ray]"    # in a checkout: pip install -e ".[ray]"
+    pip install "tfpar-0.4.0-py3-none-any.whl[ray]"    # in a checkout: pip install -e ".[ray]"
     python train.py --num_workers=2 --epochs=5
 
 On a laptop it starts a local Ray; on a Ray cluster (``--address=auto``, or submitted with

@@ -124,9 +124,9 @@ class ResolvedOnceTest(tf.test.TestCase):
             strategies.choose("allreduce", accumulation_steps=4))
         self.assertIs(Configuration("keras", 1, "lenet", 8).strategy, benchmark.BASELINE)
         self.assertIs(Configuration("independent", 2, "lenet", 8).strategy, benchmark.CEILING)
-        # BASELINE and CEILING were their names: a comparison with the name still holds.
-        with self.assertWarnsRegex(DeprecationWarning, r"compare with tfpar\.benchmark"):
-            self.assertTrue(benchmark.BASELINE == "keras")
+        # BASELINE and CEILING were their names; since 0.4.0 they equal only themselves.
+        self.assertNotEqual(benchmark.BASELINE, "keras")
+        self.assertEqual(benchmark.BASELINE.name, "keras")
         self.assertNotEqual(benchmark.BASELINE, benchmark.CEILING)
 
 

@@ -529,14 +529,12 @@ import tfpar
 from tfpar import strategies
 from tfpar.compat import keras_fixes
 warnings.simplefilter("ignore", DeprecationWarning)
-if sys.argv[1] == "foreign":  # A registered strategy not derived from TfparStrategy.
-    strategies.register("mine", lambda devices: tf.distribute.MirroredStrategy(
-        [getattr(d, "name", d) for d in devices]))
-    strategy = strategies.get("mine", devices=2)
+if sys.argv[1] == "strategy":  # A strategy of several replicas installs them.
+    strategy = strategies.get("mirrored", devices=2)
 else:  # The fixes installed directly, no strategy.
     keras_fixes.install()
     strategy = tf.distribute.get_strategy()
-assert "tfpar.strategies.base" not in sys.modules
+    assert "tfpar.strategies.base" not in sys.modules
 with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
@@ -554,7 +552,7 @@ class BackupSaverGivenTest(tf.test.TestCase):
 
     def test_every_path_that_installs_the_fix_gives_it_a_saver_or_leaves_it_out(self):
         for path, files, said in (
-                ("foreign", "'generation-4.weights.h5', 'position.json'", ""),
+                ("strategy", "'generation-4.weights.h5', 'position.json'", ""),
                 ("direct", "'latest.weights.h5'", "no saver was given to hand its saving to")):
             result = subprocess.run([sys.executable, "-c", BACKUP_FIT, path],
                                     capture_output=True, text=True, timeout=300)

@@ -20,8 +20,7 @@ PUBLIC_MODULES = ("tfpar.devices", "tfpar.errors", "tfpar.ray", "tfpar.host.thre
                   "tfpar.strategies.one_device", "tfpar.strategies.allreduce",
                   "tfpar.strategies.multi_worker", "tfpar.strategies.multi_worker_options",
                   "tfpar.strategies.cross_device_ops", "tfpar.benchmark.config")
-DEPRECATED = ("tfpar.multiworker", "tfpar.evaluation", "tfpar.schedules",
-              "tfpar.benchmark.configuration", "tfpar.keras_fixes", "tfpar.callbacks.preemption")
+DEPRECATED = ("tfpar.callbacks.preemption", "tfpar.cluster.protocol")
 
 
 def read(path: str) -> str:

@@ -14,7 +14,6 @@ from tfpar.compat import collective_keys
 from tfpar.compat import keras_fixes
 from tfpar.errors import ClusterError
 from tfpar.errors import ConfigError
-from tfpar.strategies import multi_worker_options
 from tfpar.strategies import refusals
 from tfpar.strategies.base import TfparStrategy
 from tfpar.strategies.mirrored import MirroredStrategy
@@ -140,14 +139,6 @@ class BaseTest(testing.StrategyTestCase):
                     r"TensorFlow 9.0 is outside .*\. Use steps_per_execution=1\. Received: "
                     r"steps_per_execution=3\.$")):
                 refusals.MULTI_STEP_EXECUTION(workers, step)
-
-    def test_the_former_early_check_only_warns(self):
-        with self.assertWarnsRegex(DeprecationWarning, r"tfpar\.multiworker\.strategy is "):
-            from tfpar.multiworker import strategy as former
-        with self.assertWarnsRegex(DeprecationWarning, r"check_steps_per_execution is deprecated "
-                                   r".*\.refusals\.MULTI_STEP_EXECUTION .* removed in 0\.4\.0"):
-            former.check_steps_per_execution(4)
-        self.assertEqual(former.IMPLEMENTATIONS, multi_worker_options.IMPLEMENTATIONS)
 
     def test_several_replicas_install_the_keras_fixes(self):
         keras_fixes.uninstall()

@@ -1,6 +1,7 @@
-"""Tests of TrainConfig's strategy field: one value, and the deprecated ways still working."""
+"""Tests of TrainConfig's strategy field: one value, a StrategyChoice."""
 
 import dataclasses
+import warnings
 
 import tensorflow as tf
 
@@ -15,7 +16,6 @@ class StrategyFieldTest(tf.test.TestCase):
         config = TrainConfig(strategy="allreduce")
         self.assertEqual(config.strategy, strategies.choose("allreduce"))
         self.assertEqual(TrainConfig().strategy.name, "mirrored")
-        self.assertEqual(config.strategy_options, {})
 
     def test_a_copy_keeps_the_strategy_and_its_options(self):
         choice = strategies.choose("allreduce", accumulation_steps=4)
@@ -25,17 +25,16 @@ class StrategyFieldTest(tf.test.TestCase):
         self.assertEqual(config.to_dict()["strategy"], "allreduce")
         self.assertEqual(config.to_dict()["strategy_options"]["accumulation_steps"], 4)
 
-    def test_strategy_options_and_choice_warn_and_still_work(self):
-        with self.assertWarnsRegex(DeprecationWarning,
-                                   r"strategy_options is deprecated .* 0\.4\.0: pass "
-                                   r"strategy=tfpar\.strategies\.choose\(name, \*\*options\)"):
-            config = TrainConfig(strategy="allreduce",
-                                 strategy_options={"accumulation_steps": 2})
-        self.assertEqual(config.strategy.micro_batches, 2)
-
-    def test_comparing_the_strategy_with_a_name_warns_and_still_matches(self):
-        with self.assertWarnsRegex(DeprecationWarning, r"compare its \.name"):
-            self.assertTrue(TrainConfig(strategy="allreduce").strategy == "allreduce")
+    def test_the_options_go_in_the_choice_and_a_name_is_not_the_choice(self):
+        # TrainConfig's strategy_options and a choice equal to its name went in 0.4.0.
+        with self.assertRaisesRegex(TypeError, r"unexpected keyword argument "
+                                               r"'strategy_options'"):
+            TrainConfig(strategy="allreduce", strategy_options={"accumulation_steps": 2})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            choice = TrainConfig(strategy="allreduce").strategy
+            self.assertFalse(choice == "allreduce")
+            self.assertEqual(choice.name, "allreduce")
 
     def test_something_else_is_one_clear_error(self):
         with self.assertRaisesRegex(ConfigError, r"strategy must be a registry name or a "

@@ -14,7 +14,6 @@ import itertools
 import json
 import math
 import statistics
-import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -26,18 +25,12 @@ from tfpar.strategies.registry import StrategyChoice
 
 
 class _NamedRun:
-    """A run that is not a registry strategy, equal to its former name with a warning (the
-    benchmark's BASELINE and CEILING were these strings)."""
+    """A run that is not a registry strategy (the benchmark's BASELINE and CEILING), equal
+    only to a run of its kind."""
 
     name: ClassVar[str]
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, str):
-            warnings.warn(f"Comparing tfpar.benchmark's {self.name!r} run with its name is "
-                          "deprecated and will be False from tfpar 0.4.0: compare with "
-                          "tfpar.benchmark.BASELINE or CEILING, or its .name.",
-                          DeprecationWarning, stacklevel=2)
-            return self.name == other
         return type(other) is type(self)
 
     def __hash__(self) -> int:

@@ -38,7 +38,7 @@ FLAGS = flags.FLAGS
 # (types, defaults, help and choices from the classes); the program's own flags follow.
 # The strategy is a value made of --strategy and the option flags its entry takes; progress
 # output comes from the launcher.
-_NOT_FLAGS = ("strategy", "strategy_options", "chief_only_progress")
+_NOT_FLAGS = ("strategy", "chief_only_progress")
 config_flags.define(config_lib.TrainConfig, exclude=_NOT_FLAGS)
 flags.DEFINE_string(
     "strategy", config_fields.default_of(config_lib.TrainConfig, "strategy").name,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -244,11 +243,6 @@ class StrategyChoice:
         return "accumulation_steps" in self.options
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, str):  # Where a name was kept before (TrainConfig.strategy).
-            warnings.warn("Comparing a StrategyChoice with a strategy name is deprecated and "
-                          "will be False from tfpar 0.4.0: compare its .name.",
-                          DeprecationWarning, stacklevel=2)
-            return self.name == other
         if not isinstance(other, StrategyChoice):
             return NotImplemented
         return (self.entry, dict(self.options)) == (other.entry, dict(other.options))
@@ -319,7 +313,6 @@ class StrategyChoice:
         if not isinstance(strategy, tf.distribute.Strategy):
             raise TypeError(f"The factory of strategy {self.name!r} returned {strategy!r}, not "
                             "a tf.distribute.Strategy.")
-        _fix_keras_for_foreign(self.name, strategy)
         _MADE[strategy] = Selection(self.entry, dict(self.options), device_set)
         return strategy
 
@@ -378,23 +371,3 @@ def get(name: str, devices: devices_lib.DeviceSpec = 1, **options: Any
         TypeError: If the factory does not return a strategy.
     """
     return choose(name, **options).build(devices)
-
-
-def _fix_keras_for_foreign(name: str, strategy: tf.distribute.Strategy) -> None:
-    """Deprecated: installs tfpar's Keras fixes for a factory's strategy of several replicas
-    that does not derive from :class:`tfpar.strategies.base.TfparStrategy` (which installs
-    them itself when it is built, and has ``common_refusals``). Removed in 0.4.0."""
-    import warnings
-
-    if hasattr(strategy, "common_refusals") or strategy.num_replicas_in_sync == 1:
-        return
-    from tfpar import backup_saver
-    from tfpar.compat import keras_fixes
-
-    warnings.warn(
-        f"The factory of strategy {name!r} returned a {type(strategy).__name__} that does not "
-        "derive from tfpar.strategies.base.TfparStrategy; tfpar.strategies.get installs tfpar's "
-        "Keras fixes for it until 0.4.0. Derive the class from TfparStrategy (before the "
-        "tf.distribute class) to keep them.", DeprecationWarning, stacklevel=3)
-    keras_fixes.use_backup_saver(backup_saver)
-    keras_fixes.install()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 from tfpar import config_fields
@@ -42,9 +41,6 @@ class TrainConfig:
         strategy: Registry strategy; --list_strategies prints them all. In Python, a
             :class:`tfpar.strategies.StrategyChoice` (``tfpar.strategies.choose(name,
             **options)``); a name is taken as the entry with its default options.
-        strategy_options: Deprecated since 0.3.0, removed in 0.4.0: pass
-            ``strategy=tfpar.strategies.choose(name, **options)``. Options applied to
-            ``strategy``; the config keeps them there and this field empty.
         model: Model to train.
         dataset: Dataset; 'digits' and 'synthetic' need no download.
         data_dir: TFDS data directory (TFDS's default if unset).
@@ -105,7 +101,6 @@ class TrainConfig:
     """
 
     strategy: StrategyChoice = field(default_factory=lambda: registry.choose("mirrored"))
-    strategy_options: dict[str, Any] = field(default_factory=dict)
     model: str = field("lenet", choices=models.available)
     dataset: str = field("fashion_mnist", choices=catalog.available)
     data_dir: str | None = None
@@ -175,8 +170,7 @@ class TrainConfig:
                f"{received}{self.profile_steps!r}.")
 
     def _resolve_strategy(self) -> None:
-        """Makes ``strategy`` a :class:`StrategyChoice` (a name: its entry's defaults) and
-        moves the deprecated ``strategy_options`` into it."""
+        """Makes ``strategy`` a :class:`StrategyChoice` (a name: its entry's defaults)."""
         choice = self.strategy
         if isinstance(choice, str):
             choice = registry.choose(choice)
@@ -184,13 +178,7 @@ class TrainConfig:
             raise ConfigError("{argument} must be a registry name or a "
                               "tfpar.strategies.StrategyChoice (tfpar.strategies.choose). "
                               f"Received: {{argument}}={choice!r}.", argument="strategy")
-        if self.strategy_options:
-            warnings.warn("TrainConfig's strategy_options is deprecated and will be removed in "
-                          "tfpar 0.4.0: pass strategy=tfpar.strategies.choose(name, "
-                          "**options).", DeprecationWarning, stacklevel=4)
-            choice = choice.with_options(**self.strategy_options)
         object.__setattr__(self, "strategy", choice)
-        object.__setattr__(self, "strategy_options", {})
 
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON-ready values: every field, the strategy as its registry name and
