@@ -118,10 +118,10 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             for batch in range(20):  # A step takes 1 s.
                 now[0] += 1.0
                 checkpoint.on_train_batch_end(batch, {"loss": 1.0})
-        # Steps 2 to 4 timed, then a save every 3 steps until 3 are timed (the first builds
-        # what later saves reuse): 0.1 s / (2% of 1 s) is every 5 steps, from the last save
-        # (not the next multiple of 5).
-        self.assertEqual(saved, [(0, 4), (0, 7), (0, 10), (0, 15)])
+        # A save after each timed call (the first call is not timed) until 3 saves are timed
+        # (the first builds what later saves reuse): 0.1 s / (2% of 1 s) is every 5 steps,
+        # from the last save (not the next multiple of 5).
+        self.assertEqual(saved, [(0, 2), (0, 3), (0, 4), (0, 9), (0, 14), (0, 19)])
         self.assertEqual(checkpoint.interval, 5)
         self.assertEqual(out.getvalue(), checkpoint.interval_chosen + "\n")
         self.assertEqual(checkpoint.interval_chosen,
@@ -156,8 +156,9 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                     now[0] += 1.0
                     checkpoint.on_train_batch_end(batch, {"loss": 1.0})
                 end_epoch(checkpoint, epoch, {"loss": 1.0})
-        # Never one step after an epoch's end save; chosen at the third epoch's end.
-        self.assertEqual(inside, [])
+        # Timed in the first two epochs, at their second steps, and at the first epoch's end;
+        # then at epochs' ends only.
+        self.assertEqual(inside, [(0, 2), (1, 2)])
         self.assertEqual(checkpoint.interval, 25)  # 0.5 / (2% of 1 s).
         # On a line of its own after Keras's progress bar (verbose=1).
         self.assertEqual(out.getvalue(),
@@ -181,8 +182,9 @@ class EpochCheckpointTest(testing.StrategyTestCase):
                                          r"epochs' ends only): ")
         self.assertEqual(out.getvalue().count("\n"), 1)
         self.assertGreaterEqual(checkpoint.interval, 1)
-        # The first save inside the epoch, timed, after 3 steps timed (not the first).
-        self.assertIn((0, 4), checkpoint._known.values())
+        # The saves timed for the first choice, one after each timed call (not the first).
+        for steps in (2, 3, 4):
+            self.assertIn((0, steps), checkpoint._known.values())
 
     def test_auto_times_both_ways_of_writing_in_a_real_fit_then_writes_the_cheaper(self):
         strategy = self.strategy("mirrored", 2)

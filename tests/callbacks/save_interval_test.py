@@ -2,6 +2,7 @@
 
 import itertools
 import unittest
+from collections.abc import Callable
 
 import numpy as np
 
@@ -69,17 +70,18 @@ class IntervalChooserTest(unittest.TestCase):
         for steps in range(1, save_interval.CALLS_TIMED + 1):  # The first is not timed.
             self.assertFalse(chooser.ready)
             chooser.step_ended(steps)
-        chooser.step_ended(save_interval.CALLS_TIMED + 1)
+        steps = save_interval.CALLS_TIMED + 1
+        chooser.step_ended(steps)
         # The saves before the interval is chosen come CALLS_TIMED calls apart: the first
         # builds what later saves reuse, so a choice from it alone would save too seldom.
-        for save in range(save_interval.SAVES_TIMED):
+        for _ in range(save_interval.SAVES_TIMED):
             self.assertTrue(chooser.ready)
             self.assertFalse(chooser.timed)
             chooser.timed_save(lambda: None)  # 0.5 s.
-            self.assertFalse(chooser.ready)
-            for steps in range(save_interval.CALLS_TIMED):
+            for _ in range(save_interval.CALLS_TIMED):
                 self.assertFalse(chooser.ready)
-                chooser.step_ended(save_interval.CALLS_TIMED + 2 + 3 * save + steps)
+                steps += 1
+                chooser.step_ended(steps)
         self.assertTrue(chooser.timed)  # Counted: every worker of a job at the same save.
         self.assertEqual(chooser.choose(), 50)  # 0.5 / (0.02 * 0.5).
         self.assertEqual((chooser.step_seconds, chooser.save_seconds), (0.5, 0.5))
@@ -211,6 +213,45 @@ class WriteModeTest(unittest.TestCase):
         self.assertEqual(self.ways, [False] * 4)
         self.run_saves(slowed_step=1.5, in_background=True)
         self.assertEqual(self.ways, [False, True, True, True])  # The first is timed whole.
+
+    @staticmethod
+    def save_after_a_write_in_flight(writes_share_cores: bool) -> save_interval.IntervalChooser:
+        """1 s steps; a first save of 3 s within the step, then one in the background holding
+        the step 0.1 s, beside whose write a step takes 1.5 s; the next save waits 0.4 s for
+        the write to end, then takes 0.5 s within the step."""
+        now, steps = [0.0], 0
+        chooser = save_interval.IntervalChooser(0.02, clock=lambda: now[0],
+                                                writes_share_cores=writes_share_cores,
+                                                in_background=None)
+
+        def call(seconds: float, writing: bool = False) -> None:
+            nonlocal steps
+            now[0] += seconds
+            steps += 1
+            chooser.step_ended(steps, writing=writing)
+
+        def taking(seconds: float, background: bool = False) -> Callable[[], bool]:
+            def run() -> bool:
+                now[0] += seconds
+                return background
+            return run
+
+        call(1.0)
+        call(1.0)
+        chooser.timed_save(taking(3.0), wait=lambda: None)
+        call(1.0)
+        chooser.timed_save(taking(0.1, background=True), wait=lambda: None)
+        call(1.5, writing=True)
+        chooser.timed_save(taking(0.5), wait=taking(0.4))
+        return chooser
+
+    def test_a_save_waiting_for_the_write_before_counts_the_wait_to_that_write(self):
+        for writes_share_cores, slowed in ((True, 0.9), (False, 0.4)):
+            chooser = self.save_after_a_write_in_flight(writes_share_cores)
+            self.assertTrue(chooser.timed)
+            self.assertEqual(chooser.within_seconds, 0.5)  # Not 0.9: the wait is the write's.
+            self.assertAlmostEqual(chooser.slowed_seconds, slowed)
+            self.assertAlmostEqual(chooser.background_seconds, 0.1 + slowed)
 
     def test_the_way_is_checked_in_one_line(self):
         self.assertIsNone(save_interval.checked_write_mode("auto"))

@@ -510,7 +510,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if chooser is None:
             self._save_or_raise(self._epoch, steps, background=True)
             return
-        chooser.timed_save(lambda: self._save_or_raise(self._epoch, steps, background=True))
+        chooser.timed_save(lambda: self._save_or_raise(self._epoch, steps, background=True),
+                           wait=self.wait)
         self._choose_interval()
 
     def _choose_interval(self) -> None:
@@ -663,7 +664,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if self._chooser is None:
             self._save_or_raise(epoch + 1, 0, background=True)
             return
-        self._chooser.timed_save(lambda: self._save_or_raise(epoch + 1, 0, background=True))
+        self._chooser.timed_save(lambda: self._save_or_raise(epoch + 1, 0, background=True),
+                                 wait=self.wait)
         self._chooser.epoch_ended()
         self._choose_interval()
 

@@ -35,9 +35,10 @@ BUDGET = 0.02
 """The default budget: saving costs at most 2% of the training time."""
 LEAST_BUDGET = 0.0001
 """The smallest budget (0.01%): below it an interval would be longer than any run."""
-CALLS_TIMED = 3
-"""Calls of the training step timed before the first save inside an epoch, and between the
-saves timed before the interval is chosen (one step each, or ``steps_per_execution``)."""
+CALLS_TIMED = 1
+"""Calls of the training step timed before each save timed for the interval's first choice,
+since the run's start or the save before (one step each, or ``steps_per_execution``): one, so
+that the saves come inside the first epochs even where an epoch is a few calls."""
 SAVES_TIMED = 3
 """Saves timed before the interval is chosen: the first, written within the step (the
 slowest: it builds what later saves reuse, so a choice from it alone would save far less often
@@ -158,6 +159,7 @@ class _Slowed:
 
     calls: list[tuple[float, int]] = dataclasses.field(default_factory=list)
     closed: bool = False
+    waited: float = 0.0  # What the next save waited for the write, holding the step.
 
 
 class IntervalChooser:
@@ -257,13 +259,15 @@ class IntervalChooser:
     @property
     def slowed_seconds(self) -> float | None:
         """The median of what the steps beside a write in the background took longer than
-        the steps beside none, of the writes beside which steps were timed (``None`` before
-        one; 0 where writes do not share the step's cores). A write at an epoch's end runs
-        beside the evaluation and the next epoch's first call, which are not timed."""
-        if not self.writes_share_cores:
-            return 0.0 if self._held_seconds else None
+        the steps beside none, and what the next save waited for the write to end, of the
+        writes beside which steps were timed (``None`` before one; where writes do not share
+        the step's cores, only the wait). A write at an epoch's end runs beside the evaluation
+        and the next epoch's first call, which are not timed."""
+        if not self.writes_share_cores:  # Only what a save waited for the write before it.
+            waited = [each.waited for each in self._slowed if each.closed]
+            return (statistics.median(waited) if waited else 0.0) if self._held_seconds else None
         step = self.step_seconds
-        slowed = [sum(seconds - count * step for seconds, count in each.calls)
+        slowed = [sum(seconds - count * step for seconds, count in each.calls) + each.waited
                   for each in self._slowed if each.closed and each.calls]
         return max(0.0, statistics.median(slowed)) if slowed and step > 0 else None
 
@@ -346,15 +350,24 @@ class IntervalChooser:
         save."""
         return self._saves >= SAVES_TIMED
 
-    def timed_save(self, save: Callable[[], bool]) -> None:
+    def timed_save(self, save: Callable[[], bool],
+                   wait: Callable[[], None] | None = None) -> None:
         """Runs ``save``, timing it; the next step's time starts after it.
 
         Args:
             save: Saves; returns whether the save's write goes on in the background.
+            wait: Waits for the write in the background before (if any) to end: timed apart,
+                as a cost of that write (the step waits), not of this save.
         """
+        start = self._clock()
+        if wait is not None:
+            wait()
+            now = self._clock()
+            waited, start = now - start, now
+            if self._slowed and not self._slowed[-1].closed:
+                self._slowed[-1].waited += waited
         if self._slowed:
             self._slowed[-1].closed = True  # The steps beside the write before are timed.
-        start = self._clock()
         background = save()
         end = self._clock()
         self._saves += 1
