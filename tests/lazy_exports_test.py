@@ -1,5 +1,6 @@
 """Tests of the package's namespaces: every module and public name reachable, lazily."""
 
+import os
 import subprocess
 import sys
 
@@ -102,6 +103,23 @@ class DeprecatedAliasesTest(tf.test.TestCase):
             "tfpar.callbacks.preemption is deprecated and will be removed in tfpar 0.5.0: use "
             "tfpar.callbacks.save_on_preemption (or tfpar.callbacks.SaveOnPreemption).",
             "True"])
+
+    def test_a_script_importing_an_alias_sees_the_warning_under_pythons_default_filters(self):
+        # Python shows a DeprecationWarning by default only where it is attributed to the
+        # script (__main__): past the import system and the package's lazy __getattr__.
+        script = os.path.join(self.get_temp_dir(), "user_script.py")
+        for line in ("from tfpar.callbacks import preemption",
+                     "import tfpar.callbacks.preemption",
+                     "import tfpar.callbacks; tfpar.callbacks.preemption.SaveOnPreemption"):
+            with open(script, "w", encoding="utf-8") as f:
+                f.write(line + "\n")
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+            result = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                                    timeout=120, env=env)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            self.assertIn(f"{script}:1: DeprecationWarning: tfpar.callbacks.preemption is "
+                          "deprecated and will be removed in tfpar 0.5.0: use "
+                          "tfpar.callbacks.save_on_preemption", result.stderr, line)
 
     def test_the_aliases_due_in_0_4_0_are_gone_and_moved_modules_have_none(self):
         # 0.2.0 shipped tfpar.multiworker, tfpar.evaluation, tfpar.schedules and

@@ -221,9 +221,11 @@ class ReplicaCopiesTest(testing.StrategyTestCase):
 
     def test_the_json_functions_are_deprecated_and_still_read_back_bit_for_bit(self):
         copies = replica_copies.gather(self.trained(2))
-        with self.assertWarnsRegex(DeprecationWarning, "use tfpar.replica_copies.write"):
+        with self.assertWarnsRegex(DeprecationWarning, r"removed in tfpar 0\.5\.0; use "
+                                   r"tfpar\.replica_copies\.write"):
             data = json.loads(json.dumps(replica_copies.encode(copies)))
-        with self.assertWarnsRegex(DeprecationWarning, "use tfpar.replica_copies.read"):
+        with self.assertWarnsRegex(DeprecationWarning, r"removed in tfpar 0\.5\.0; use "
+                                   r"tfpar\.replica_copies\.read"):
             decoded = replica_copies.decode(data)
         for place in copies:
             self.assertAllEqual(decoded[place], copies[place])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+import warnings
 from collections.abc import Mapping
 
 DEPRECATED_MARK = '"""Deprecated since '
@@ -56,6 +57,27 @@ def install(package: str, names: Mapping[str, str] | None = None) -> None:
     if names:
         setattr(module, "__all__",  # noqa: B010
                 sorted(set(getattr(module, "__all__", ())) | set(names)))
+
+
+def warn_deprecated_alias(message: str) -> None:
+    """Warns, from a deprecated alias module's body, that it is deprecated: a
+    ``DeprecationWarning`` attributed to the code that imported it, past the import system and
+    a namespace's ``__getattr__`` (``from tfpar.callbacks import preemption`` imports through
+    both), so that Python's default filters show it where that code is a script's own.
+
+    Args:
+        message: What is deprecated and what replaces it.
+    """
+    level = 2  # 1: this function; 2: the alias module's body.
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):  # warnings skips these.
+            level += 1
+            if "importlib" not in name and name != __file__:
+                break
+        frame = frame.f_back
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def _deprecated(package, submodule: str) -> bool:

@@ -437,8 +437,9 @@ def encode(copies: Mapping[int, np.ndarray]) -> dict[str, Any]:
 
     Deprecated: :func:`write` saves each worker's copies in a binary file of its own.
     """
-    warnings.warn("tfpar.replica_copies.encode is deprecated; use tfpar.replica_copies.write "
-                  "(a binary file per worker).", DeprecationWarning, stacklevel=2)
+    warnings.warn("tfpar.replica_copies.encode is deprecated and will be removed in tfpar "
+                  "0.5.0; use tfpar.replica_copies.write (a binary file per worker).",
+                  DeprecationWarning, stacklevel=2)
     return {str(place): {"dtype": str(value.dtype), "shape": list(value.shape),
                          "values": value.ravel().tolist()} for place, value in copies.items()}
 
@@ -451,8 +452,8 @@ def decode(data: Mapping[str, Any]) -> Copies:
     Raises:
         ValueError: If ``data`` is not what :func:`encode` writes.
     """
-    warnings.warn("tfpar.replica_copies.decode is deprecated; use tfpar.replica_copies.read.",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn("tfpar.replica_copies.decode is deprecated and will be removed in tfpar "
+                  "0.5.0; use tfpar.replica_copies.read.", DeprecationWarning, stacklevel=2)
     return decode_json(data)
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import time
 import unittest
+import warnings
 from unittest import mock
 
 import keras
@@ -176,8 +177,14 @@ class EpochCheckpointTest(testing.StrategyTestCase):
         data = tf.data.Dataset.from_tensor_slices(
             (np.zeros((96, 18, 18, 1), np.float32), np.zeros((96,), np.int64))).batch(8)
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            # Nothing of a run reads the name kept for 0.3.0's file.
+            warnings.filterwarnings("error", message=r"EpochCheckpoint\.POSITIONS_FILE")
             model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
+        with self.assertWarnsRegex(DeprecationWarning, r"^EpochCheckpoint\.POSITIONS_FILE is "
+                                   r"deprecated and will be removed in tfpar 0\.5\.0: .*"
+                                   r"tfpar\.worker_contract\.read_position"):
+            self.assertEqual(checkpointing.EpochCheckpoint.POSITIONS_FILE, "positions.json")
         self.assertRegex(out.getvalue(), r"^Saving (every \d+ step\(s\) inside an epoch|at "
                                          r"epochs' ends only): ")
         self.assertEqual(out.getvalue().count("\n"), 1)

@@ -290,6 +290,20 @@ class TrainScriptTest(tf.test.TestCase, parameterized.TestCase):
         positions = [result.stdout.index(f"\n{title}:\n") for title in train_cli.HELP_GROUPS]
         self.assertEqual(positions, sorted(positions))
 
+    def test_helpfull_lists_absls_own_flags_too_in_every_program(self):
+        # Each program's --help ends by pointing to --helpfull.
+        for program, own in (("train", "--strategy"), ("launch", "--num_workers"),
+                             ("benchmark", "--strategies"), ("env", "--[no]json")):
+            result = subprocess.run(
+                [sys.executable, "-X", "importtime", "-c",
+                 f"import sys; sys.argv[0] = 'tfpar-{program}'; "
+                 f"from tfpar.cli import {program}; {program}.run()", "--helpfull"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            self.assertIn(own, result.stdout, program)
+            self.assertIn("--verbosity", result.stdout, program)  # absl's logging flag.
+            self.assertFalse(imported_tensorflow(result.stderr), program)
+
     def test_flags_are_checked_before_tensorflow_is_imported(self):
         # --help and flag errors answer at once because the programs' modules import no
         # TensorFlow; tfpar's own checks of the simple flags run before it too.

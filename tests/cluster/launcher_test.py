@@ -343,7 +343,8 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
                          Progress((3, 0), (3, 0), folder, recorded=False))
 
     def test_run_folders_is_deprecated(self):
-        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
+        with self.assertWarnsRegex(DeprecationWarning, r"run_folders is deprecated and will be "
+                                   r"removed in tfpar 0\.5\.0: .*worker_contract\.declare"):
             self.assertEqual(launcher.run_folders(["t.py", "--strategy=allreduce",
                                                    "--num_devices=1,2"]),
                              ["", "allreduce_1_devices", "allreduce_2_devices"])
@@ -368,9 +369,11 @@ class LauncherTest(tf.test.TestCase, parameterized.TestCase):
         flagfile = os.path.join(self.get_temp_dir(), "job.flags")
         with open(flagfile, "w") as f:
             f.write("# The job's flags\n--model_dir=f\n--num_devices=2\n")
-        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
+        with self.assertWarnsRegex(DeprecationWarning, r"model_dir_of is deprecated and will "
+                                   r"be removed in tfpar 0\.5\.0: .*worker_contract\.declare"):
             self.assertEqual(launcher.model_dir_of(["python", "t.py", "--model_dir", "d"]), "d")
-        with self.assertWarnsRegex(DeprecationWarning, "WorkerSpec"):
+        with self.assertWarnsRegex(DeprecationWarning, r"flag_of is deprecated and will be "
+                                   r"removed in tfpar 0\.5\.0: .*worker_contract\.declare"):
             self.assertEqual(launcher.flag_of(["python", "t.py", "--strategy=m"], "strategy"),
                              "m")
         with warnings.catch_warnings():

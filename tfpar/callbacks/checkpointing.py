@@ -34,6 +34,7 @@ import math
 import os
 import re
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,6 +104,17 @@ def wait_for_writes(directory: str) -> None:
         writer.wait()
 
 
+class _DeprecatedConstant:
+    """A class attribute that warns when read, naming its replacement."""
+
+    def __init__(self, value: str, message: str):
+        self._value, self._message = value, message
+
+    def __get__(self, instance: Any, owner: Any = None) -> str:
+        warnings.warn(self._message, DeprecationWarning, stacklevel=2)
+        return self._value
+
+
 class EpochCheckpoint(keras.callbacks.Callback):
     """Saves training state at the end of every epoch (and, with ``save_every_steps``, inside
     it) and restores the latest one.
@@ -144,7 +156,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
     # tfpar 0.3's file of each kept checkpoint's position, read for the states it saved
     # (until 0.5.0); a save now commits the folder's position record
     # (:func:`tfpar.worker_contract.commit_position`).
-    POSITIONS_FILE = worker_contract.LEGACY_POSITIONS_FILE
+    POSITIONS_FILE = _DeprecatedConstant(
+        worker_contract.LEGACY_POSITIONS_FILE,
+        "EpochCheckpoint.POSITIONS_FILE is deprecated and will be removed in tfpar 0.5.0: a "
+        "state folder's position is its position record (tfpar.worker_contract.read_position); "
+        "0.3.0's file is tfpar.worker_contract.LEGACY_POSITIONS_FILE.")
     # Every saved epoch's logs (loss, metrics, test accuracy), so that a resumed run reports
     # the whole training, each epoch once. Written before the epoch's checkpoint: a kill in
     # between leaves it one epoch ahead, and a restore keeps the epochs the checkpoint has.

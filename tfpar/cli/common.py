@@ -170,6 +170,8 @@ def run_main(main: Callable[[list[str]], Any], flags_module: str,
             print(grouped_help(sys.modules[flags_module].__doc__ or "", help_groups))
             sys.exit(0)
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
+    if "--helpfull" in sys.argv[1:]:  # Every flag, absl's own too (app.run is not reached).
+        app.usage(shorthelp=False, writeto_stdout=True, exitcode=0)
     try:  # absl would exit 1 with a FATAL line; every bad input exits 2 with one line.
         extra = flags.FLAGS(sys.argv)[1:]
         if extra and not positional:

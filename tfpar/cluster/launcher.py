@@ -99,8 +99,9 @@ def flag_of(command: Sequence[str], name: str) -> str | None:
     Deprecated: the launcher reads what its workers declare
     (:class:`tfpar.worker_contract.WorkerSpec`), never their flags; removed in 0.5.0.
     """
-    warnings.warn("tfpar.cluster.launcher.flag_of is deprecated: a worker declares what the "
-                  "launcher needs (tfpar.worker_contract.WorkerSpec).", DeprecationWarning,
+    warnings.warn("tfpar.cluster.launcher.flag_of is deprecated and will be removed in tfpar "
+                  "0.5.0: a worker declares what the launcher needs "
+                  "(tfpar.worker_contract.declare, a WorkerSpec).", DeprecationWarning,
                   stacklevel=2)
     return _flag_of(command, name)
 
@@ -158,9 +159,9 @@ def model_dir_of(command: Sequence[str]) -> str | None:
     Deprecated: the launcher reads the folder the command's chief declares
     (:class:`tfpar.worker_contract.WorkerSpec`), never its flags; removed in 0.5.0.
     """
-    warnings.warn("tfpar.cluster.launcher.model_dir_of is deprecated: a worker declares its "
-                  "folder (tfpar.worker_contract.WorkerSpec), which the launcher reads.",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn("tfpar.cluster.launcher.model_dir_of is deprecated and will be removed in "
+                  "tfpar 0.5.0: a worker declares its folder (tfpar.worker_contract.declare, "
+                  "a WorkerSpec), which the launcher reads.", DeprecationWarning, stacklevel=2)
     return _flag_of(command, "model_dir")
 
 
@@ -171,9 +172,9 @@ def run_folders(command: Sequence[str]) -> list[str]:
     Deprecated: the launcher reads the folder the command's chief declares
     (:class:`tfpar.worker_contract.WorkerSpec`) instead; removed in 0.5.0.
     """
-    warnings.warn("tfpar.cluster.launcher.run_folders is deprecated: a worker declares its "
-                  "folder (tfpar.worker_contract.WorkerSpec), which the launcher reads.",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn("tfpar.cluster.launcher.run_folders is deprecated and will be removed in "
+                  "tfpar 0.5.0: a worker declares its folder (tfpar.worker_contract.declare, "
+                  "a WorkerSpec), which the launcher reads.", DeprecationWarning, stacklevel=2)
     strategy = _flag_of(command, "strategy") or "mirrored"
     names = _flag_of(command, "devices")
     counts = ([len([n for n in names.split(",") if n.strip()])] if names
