@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+import types
 import warnings
 from collections.abc import Mapping
 
@@ -69,7 +70,7 @@ def warn_deprecated_alias(message: str) -> None:
         message: What is deprecated and what replaces it.
     """
     level = 2  # 1: this function; 2: the alias module's body.
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if not ("importlib" in name and "_bootstrap" in name):  # warnings skips these.

@@ -199,28 +199,33 @@ class EpochCheckpointTest(testing.StrategyTestCase):
             model = testing.tiny_model()
         checkpoint = checkpointing.EpochCheckpoint(self.get_temp_dir(), model, strategy,
                                                    save_every_steps=1)
-        ways, save = [], checkpoint._save_or_raise
-
-        def recorded(*args, **kwargs):
-            ways.append(save(*args, **kwargs))
-            return ways[-1]
+        ways, said_before, save = [], [], checkpoint._save_or_raise
 
         data = tf.data.Dataset.from_tensor_slices(
             (np.zeros((96, 18, 18, 1), np.float32), np.zeros((96,), np.int64))).batch(8)
-        with mock.patch.object(checkpoint, "_save_or_raise", recorded), \
-                self.assertLogs(level="INFO") as logs:
-            model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
+        with self.assertLogs(level="INFO") as logs:
+
+            def recorded(*args, **kwargs):
+                ways.append(save(*args, **kwargs))
+                said_before.append(sum("Writing saves " in line for line in logs.output))
+                return ways[-1]
+
+            with mock.patch.object(checkpoint, "_save_or_raise", recorded):
+                model.fit(data, epochs=1, verbose=0, callbacks=[checkpoint])
         # Within the step (the first, timed whole), in the background, within again (the
-        # first is the slowest), then the cheaper way, said.
+        # first is the slowest), then the cheaper way, said as the save written so is made.
         self.assertEqual(ways[:3], [False, True, False])
+        self.assertEqual(said_before[:3], [0, 0, 0])
         said = [line for line in logs.output if "Writing saves " in line]
+        for count, line in enumerate(said, 1):
+            self.assertEqual(ways[said_before.index(count)],
+                             "Writing saves in the background:" in line, line)
         self.assertRegex(said[0], r"Writing saves (in the background|within the step): a save "
                                   r"(written within the step took [0-9.e-]+ s \(in the "
                                   r"background it cost [0-9.e-]+ s\)|written in the background "
                                   r"held the step [0-9.e-]+ s and its write took [0-9.e-]+ s on "
                                   r"the cores the step runs on \(the steps beside it slowed by "
                                   r"[0-9.e-]+ s; within the step a save took [0-9.e-]+ s\))\.$")
-        self.assertEqual(ways[3], "in the background" in said[0])
         self.assertEqual(checkpoint.restore(), 1)
 
     def test_a_bad_save_interval_or_budget_is_one_line(self):

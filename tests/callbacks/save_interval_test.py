@@ -23,10 +23,16 @@ class WithinBudgetTest(unittest.TestCase):
         self.assertEqual(save_interval.within_budget(1.0, 0.0, 0.02), 1)
 
     def test_its_line_says_the_interval_the_times_and_the_cost(self):
-        self.assertEqual(save_interval.describe(4, 1.95, 0.147, 0.02),
+        self.assertEqual(save_interval.describe(4, 1.95, 0.147, 0.02, epoch_steps=12),
                          "Saving every 4 step(s) inside an epoch: a save took 0.147 s and a "
                          "step 1.95 s, so these saves cost 1.88% of the training time (budget "
                          "2%).")
+        # Where the data does not say how long an epoch is, the line says what that means.
+        self.assertEqual(save_interval.describe(4, 1.95, 0.147, 0.02),
+                         "Saving every 4 step(s) inside an epoch: a save took 0.147 s and a "
+                         "step 1.95 s, so these saves cost 1.88% of the training time (budget "
+                         "2%). The data does not say how many steps an epoch has: an epoch of "
+                         "fewer is saved at its end only.")
         self.assertEqual(save_interval.describe(40, 0.02, 0.016, 0.0001, epoch_steps=30),
                          "Saving at epochs' ends only: a save took 0.016 s and a step 0.02 s, "
                          "so the most frequent saves within the budget of 0.01% of the "
@@ -252,6 +258,32 @@ class WriteModeTest(unittest.TestCase):
             self.assertEqual(chooser.within_seconds, 0.5)  # Not 0.9: the wait is the write's.
             self.assertAlmostEqual(chooser.slowed_seconds, slowed)
             self.assertAlmostEqual(chooser.background_seconds, 0.1 + slowed)
+
+    def test_a_wait_for_an_epochs_end_write_beside_no_timed_step_counts_too(self):
+        # An epoch's end save written in the background (0.1 s held); the next epoch's first
+        # call (not timed) runs beside its write, and the save after it waits 5 s for it.
+        now, steps = [0.0], 0
+        chooser = save_interval.IntervalChooser(0.02, clock=lambda: now[0],
+                                                writes_share_cores=True, in_background=None)
+
+        def taking(seconds: float, background: bool = False) -> Callable[[], bool]:
+            def run() -> bool:
+                now[0] += seconds
+                return background
+            return run
+
+        for steps in (1, 2, 3):
+            now[0] += 1.0
+            chooser.step_ended(steps)
+        chooser.timed_save(taking(0.3), wait=lambda: None)  # The first, within the step.
+        chooser.timed_save(taking(0.1, background=True), wait=lambda: None)  # The epoch's end.
+        chooser.epoch_ended()
+        now[0] += 1.0
+        chooser.step_ended(1, writing=True)  # The next epoch's first call: not timed.
+        chooser.timed_save(taking(0.2), wait=taking(5.0))
+        self.assertAlmostEqual(chooser.slowed_seconds, 5.0)
+        self.assertAlmostEqual(chooser.background_seconds, 5.1)
+        self.assertFalse(chooser.next_in_background())  # 0.2 s within the step is cheaper.
 
     def test_the_way_is_checked_in_one_line(self):
         self.assertIsNone(save_interval.checked_write_mode("auto"))

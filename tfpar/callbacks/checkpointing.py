@@ -213,6 +213,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.interval_chosen: str | None = None
         self._epoch = 0
         self._saved_step = 0  # The step of the current epoch its state was last saved at.
+        self._steps = 0  # The current epoch's steps done.
+        # An epoch's steps, where the data does not tell Keras: the last whole epoch's.
+        self._epoch_steps_seen: int | None = None
         self.directory = directory
         self.made_with = json.loads(json.dumps(made_with or {}))  # As it reads back.
         self._made_with_written = False
@@ -485,7 +488,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         return int(self.epochs_done.numpy()), int(self.steps_done.numpy())
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch, self._saved_step = epoch, 0
+        self._epoch, self._saved_step, self._steps = epoch, 0, 0
         if self._began:
             return
         self._began = True  # The first epoch of this fit: resumes at the restored step.
@@ -505,6 +508,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         if not self.save_every_steps:
             return
         steps = batch + 1  # Of this epoch (Keras numbers a resumed epoch's from its step).
+        self._steps = steps
         chooser = self._chooser
         if chooser is not None:
             chooser.step_ended(steps, writing=self._writer.in_flight)
@@ -534,12 +538,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         """Chooses the interval from the steps and saves timed so far: said in one line when
         first chosen, logged when the times move it."""
         chooser = self._chooser
-        if chooser is None or not chooser.timed:
-            return
-        if chooser.changed() and self._chief:
-            logging.info("Writing saves %s: %s.", "in the background"
-                         if chooser.next_in_background() else "within the step", chooser.how)
-        if not self._auto_interval:
+        if chooser is None or not chooser.timed or not self._auto_interval:
             return
         # Saves come at the end of a call of the step: whole calls of several steps.
         per_call = getattr(self.model, "steps_per_execution", 1)
@@ -552,7 +551,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         first, self.interval = not self.interval, interval
         self.interval_chosen = save_interval.describe(
             interval, chooser.step_seconds, chooser.save_seconds, chooser.budget,
-            (self.params or {}).get("steps"), chooser.how, here=here, chosen=chosen)
+            (self.params or {}).get("steps") or self._epoch_steps_seen, chooser.how,
+            here=here, chosen=chosen)
         if not self._chief:
             return
         if first:
@@ -669,6 +669,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                     atomic_io.remove_tree(os.path.join(self._write_dir, name))
 
     def on_epoch_end(self, epoch, logs=None):
+        self._epoch_steps_seen = self._steps or self._epoch_steps_seen
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             # A diverged epoch is never saved: the last finite epoch stays the resume point.
@@ -732,8 +733,12 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
         # The saves' timing has the first written within the step (its whole time is known
         # before the first choice), and where the way is chosen, each the cheaper way.
-        background = (background and self._mirror is not None
-                      and (self._chooser is None or self._chooser.next_in_background()))
+        either_way = background and self._mirror is not None
+        background = either_way and (self._chooser is None or self._chooser.next_in_background())
+        if either_way and self._chooser is not None and self._chooser.changed() and self._chief:
+            # Said as the save written that way is made, from the costs it was chosen from.
+            logging.info("Writing saves %s: %s.", "in the background"
+                         if background else "within the step", self._chooser.how)
 
         def write() -> None:
             start = time.perf_counter()

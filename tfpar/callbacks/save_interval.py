@@ -129,7 +129,7 @@ def describe(interval: int, step_seconds: float, save_seconds: float, budget: fl
         step_seconds: This process's median step.
         save_seconds: This process's median save cost.
         budget: The budget.
-        epoch_steps: The steps of an epoch, where known.
+        epoch_steps: The steps of an epoch, where known (``None``: the line says it is not).
         how: What a save costs and how it is written, in words (:attr:`IntervalChooser.how`);
             ``None``: "a save took ``save_seconds``".
         here: This process's interval, where the job saves at another worker's longer one.
@@ -147,8 +147,10 @@ def describe(interval: int, step_seconds: float, save_seconds: float, budget: fl
                 f"budget of {percent(budget)} of the training time come every {interval} "
                 f"steps{longer}, and an epoch has {epoch_steps}.")
     cost = save_seconds / (interval * step_seconds) if step_seconds > 0 else 0.0
+    unknown = ("" if epoch_steps else " The data does not say how many steps an epoch has: an "
+               "epoch of fewer is saved at its end only.")
     return (f"Saving every {interval} step(s) inside an epoch{longer}: {times}, so these saves "
-            f"cost {percent(cost)} of the training time (budget {percent(budget)}).")
+            f"cost {percent(cost)} of the training time (budget {percent(budget)}).{unknown}")
 
 
 @dataclasses.dataclass
@@ -262,13 +264,14 @@ class IntervalChooser:
         the steps beside none, and what the next save waited for the write to end, of the
         writes beside which steps were timed (``None`` before one; where writes do not share
         the step's cores, only the wait). A write at an epoch's end runs beside the evaluation
-        and the next epoch's first call, which are not timed."""
+        and the next epoch's first call, which are not timed (what a save at that call waited
+        for it counts)."""
         if not self.writes_share_cores:  # Only what a save waited for the write before it.
             waited = [each.waited for each in self._slowed if each.closed]
             return (statistics.median(waited) if waited else 0.0) if self._held_seconds else None
         step = self.step_seconds
         slowed = [sum(seconds - count * step for seconds, count in each.calls) + each.waited
-                  for each in self._slowed if each.closed and each.calls]
+                  for each in self._slowed if each.closed and (each.calls or each.waited)]
         return max(0.0, statistics.median(slowed)) if slowed and step > 0 else None
 
     @property
@@ -332,9 +335,9 @@ class IntervalChooser:
     def changed(self) -> bool:
         """Whether the way of writing (chosen from both ways' costs) differs from when this was
         last asked: the first time both are known, or when their costs changed places."""
-        if self._in_background is not None or self.background_seconds is None or (
-                self.within_seconds is None):
-            return False
+        if self._in_background is not None or not self.timed or (
+                self.background_seconds is None or self.within_seconds is None):
+            return False  # Until the saves timed to choose from are made, none is chosen.
         now = self.next_in_background()
         changed, self._said = now != self._said, now
         return changed
