@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 import warnings
+from unittest import mock
 
 import tensorflow as tf
 
@@ -74,6 +75,30 @@ class NoticeTest(tf.test.TestCase):
         self.assertGreater(self.notice.seconds_left(), 20)
         self.notice.reset()
         self.assertFalse(self.notice.has_arrived)
+
+    def test_a_routed_arrival_of_a_notice_taken_in_before_a_reset_is_not_a_new_one(self):
+        # The handler records a notice; a loop takes it in at its step boundary, stops, and
+        # the process goes on after reset() (a test, a notebook). The router's thread may
+        # make the same signal's arrival only then: outside training a new notice would end
+        # the process.
+        self.notice.watch([signal.SIGUSR2], 30)
+        self.addCleanup(self.notice.unwatch)
+        self.addCleanup(self.notice.reset)
+        with mock.patch.object(self.notice, "exit") as exit_, \
+                mock.patch.object(self.notice, "announce_stop"):
+            self.notice._record(signal.SIGUSR2, sys._getframe())  # The signal's handler.
+            self.notice.loop_started()
+            self.assertTrue(self.notice.arrived_at_step_boundary())
+            self.notice.loop_ended()
+            self.notice.reset()
+            self.notice._routed_arrival(signal.SIGUSR2)  # Late: the notice taken in.
+            self.assertFalse(self.notice.has_arrived)
+            exit_.assert_not_called()
+            # A notice after the reset is one: outside training it ends the process.
+            self.notice._record(signal.SIGUSR2, sys._getframe())
+            self.notice._routed_arrival(signal.SIGUSR2)
+            self.assertTrue(self.notice.has_arrived)
+            exit_.assert_called_once()
 
     def test_a_stop_step_of_one_process_is_the_step_at_the_notice(self):
         self.notice.watch([signal.SIGUSR2], 30)

@@ -134,6 +134,11 @@ class Notice:
         self._grace_seconds = DEFAULT_GRACE_SECONDS
         self._arrived = threading.Event()
         self._recorded: list[int] = []  # Appended by the handler (the main thread), no lock.
+        # Each notice signal reaches the handler and, apart, the router's thread: the two
+        # counts, and the router's arrivals still to come for notices a reset forgot.
+        self._handled = 0
+        self._routed = 0
+        self._stale = 0
         self._name = ""  # The first notice's signal name.
         self._arrived_at = 0.0  # time.monotonic() of the first notice.
         self._stopping = threading.Event()  # The process said why it stops; the budget is quiet.
@@ -177,7 +182,7 @@ class Notice:
                          "the main thread only.")
             return False
         if not self._listening:
-            signal_router.on_arrival(self.arrive)
+            signal_router.on_arrival(self._routed_arrival)
             self._listening = True
         self._watches.append((self._signals, self._grace_seconds, self._exit_process,
                               signal_router.subscribe(signals, self._record)))
@@ -243,6 +248,22 @@ class Notice:
         has called :meth:`arrive`."""
         if signum in self._signals:
             self._recorded.append(signum)
+            if frame is not None:  # A signal's own call, not a replay of an early one.
+                self._handled += 1
+
+    def _routed_arrival(self, signum: int) -> None:
+        """The router's thread's arrival of a signal: :meth:`arrive`, unless it is the late
+        arrival of a notice already taken in from the handler's record and forgotten since
+        (:meth:`reset`), which would otherwise be a second notice (outside training, the
+        end of the process that went on)."""
+        if signum not in self._signals:
+            return
+        with self._lock:
+            self._routed += 1
+            if self._stale:
+                self._stale -= 1
+                return
+        self.arrive(signum)
 
     def arrive(self, signum: int) -> None:
         """A signal arrived (called from the signal router's thread, or by a test): a notice
@@ -374,6 +395,8 @@ class Notice:
             self._generation += 1
             self._arrived.clear()
             self._recorded.clear()
+            # Notices the handler recorded whose arrival the router's thread has not yet made.
+            self._stale = max(0, self._handled - self._routed)
             self._stopping.clear()
             self._name, self._arrived_at = "", 0.0
             self._commits_before = worker_contract.commits_made()
